@@ -1,0 +1,221 @@
+"""Postgres for trio: asyncpg, run through trio-asyncio.
+
+This module and its siblings in ``aio/`` are the only places that know asyncio
+is underneath. Every public coroutine here is a trio coroutine; each database
+call is exactly one hop into asyncio (a query on a pooled connection is one
+asyncpg coroutine: acquire, run, release). asyncpg's exceptions are translated
+here, once, into ``nexarch_events.errors``.
+
+Cancellation: cancelling a trio call cancels the asyncio task under it; asyncpg
+then resets (or drops) the connection before it goes back to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, ParamSpec, TypeVar
+
+import asyncpg
+import trio
+import trio_asyncio
+
+from ..errors import DatabaseError, DatabaseUnavailable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+#: A result row: read by column name (``row["id"]``) or position.
+Row = Mapping[str, Any]
+
+# SQLSTATE classes that mean "the server is not there for us right now".
+_UNAVAILABLE_SQLSTATE_PREFIXES = ("08", "57P", "53300")
+
+
+def open_loop() -> Any:
+    """The asyncio loop every trio program using this package runs inside.
+
+    ``async with open_loop(): ...`` around the code (or use :func:`run`).
+    """
+    return trio_asyncio.open_loop()
+
+
+def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``trio.run`` with the asyncio loop this package needs already open."""
+    result: T = trio_asyncio.run(async_fn, *args)
+    return result
+
+
+def translate(exc: BaseException) -> DatabaseError | None:
+    """Our error for an asyncpg/OS error, or None if it is not a database error."""
+    if isinstance(exc, asyncpg.PostgresError):
+        state = getattr(exc, "sqlstate", None) or ""
+        message = f"{type(exc).__name__}: {exc}"
+        if state.startswith(_UNAVAILABLE_SQLSTATE_PREFIXES):
+            return DatabaseUnavailable(message, sqlstate=state)
+        return DatabaseError(message, sqlstate=state or None,
+                             constraint=getattr(exc, "constraint_name", None))
+    if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
+        return DatabaseUnavailable(f"connection lost: {exc}")
+    if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):
+        return DatabaseUnavailable(f"connection closed: {exc}")
+    if isinstance(exc, (OSError, asyncio.TimeoutError, EOFError)):
+        return DatabaseUnavailable(f"cannot reach Postgres: {type(exc).__name__}: {exc}")
+    return None
+
+
+async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    try:
+        return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
+    except Exception as exc:
+        ours = translate(exc)
+        if ours is None:
+            raise
+        raise ours from exc
+
+
+class _Queries:
+    """fetch/fetchrow/fetchval/execute over something asyncpg can run them on."""
+
+    _target: Any
+
+    async def fetch(self, query: str, *args: object) -> list[Row]:
+        rows: list[Row] = await _hop(self._target.fetch, query, *args)
+        return rows
+
+    async def fetchrow(self, query: str, *args: object) -> Row | None:
+        row: Row | None = await _hop(self._target.fetchrow, query, *args)
+        return row
+
+    async def fetchval(self, query: str, *args: object) -> Any:
+        return await _hop(self._target.fetchval, query, *args)
+
+    async def execute(self, query: str, *args: object) -> str:
+        status: str = await _hop(self._target.execute, query, *args)
+        return status
+
+
+class Connection(_Queries):
+    """One connection, held by the caller until the ``acquire`` block ends."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._target = conn
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[Connection]:
+        """A transaction: committed when the block ends, rolled back on error
+        or cancellation (the rollback is shielded and bounded)."""
+        tx = self._target.transaction()
+        await _hop(tx.start)
+        try:
+            yield self
+        except BaseException:
+            with trio.move_on_after(5, shield=True):
+                await _hop(tx.rollback)
+            raise
+        await _hop(tx.commit)
+
+
+class Database(_Queries):
+    """A pool of connections. Owned by whoever opened it (``Database.open``)."""
+
+    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
+        self._target = pool
+        self.dsn = dsn
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10,
+                   connect_timeout: float = 10.0) -> AsyncIterator[Database]:
+        """Open a pool; blocks until ``min_size`` connections are up.
+
+        Connections that break (Postgres restarted, network cut) are replaced
+        by the pool on the next acquire; the failing call raises
+        DatabaseUnavailable.
+        """
+        pool = await _hop(asyncpg.create_pool, dsn, min_size=min_size, max_size=max_size,
+                          timeout=connect_timeout)
+        try:
+            yield cls(pool, dsn)
+        finally:
+            with trio.move_on_after(5, shield=True) as scope:
+                await _hop(pool.close)
+            if scope.cancelled_caught:
+                pool.terminate()
+
+    @asynccontextmanager
+    async def acquire(self) -> AsyncIterator[Connection]:
+        conn = await _hop(self._target.acquire)
+        try:
+            yield Connection(conn)
+        finally:
+            with trio.move_on_after(5, shield=True) as scope:
+                await _hop(self._target.release, conn)
+            if scope.cancelled_caught:
+                conn.terminate()
+
+
+class ListenConnection:
+    """A dedicated LISTEN connection (never pooled).
+
+    Notifications and the loss of the connection are reported through plain
+    callbacks, which run on the trio thread (inside trio-asyncio's loop), so
+    they may call trio's ``*_nowait`` methods but must not block.
+    """
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self._conn = conn
+
+    @classmethod
+    async def connect(cls, dsn: str, *, connect_timeout: float) -> ListenConnection:
+        with trio.fail_after(connect_timeout + 1):
+            conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout)
+        return cls(conn)
+
+    async def listen(self, channel: str, callback: Callable[[str, str], None]) -> None:
+        def on_notification(_conn: object, _pid: int, chan: str, payload: str) -> None:
+            callback(chan, payload)
+
+        await _hop(self._conn.add_listener, channel, on_notification)
+
+    def on_lost(self, callback: Callable[[], None]) -> None:
+        self._conn.add_termination_listener(lambda _conn: callback())
+
+    async def ping(self) -> None:
+        """One round trip. The caller bounds it: a half-open socket never answers."""
+        await _hop(self._conn.fetchval, "SELECT 1")
+
+    @property
+    def backend_pid(self) -> int:
+        pid: int = self._conn.get_server_pid()
+        return pid
+
+    def is_closed(self) -> bool:
+        closed: bool = self._conn.is_closed()
+        return closed
+
+    def abort(self) -> None:
+        """Drop the socket now, without a goodbye (for a connection that hangs)."""
+        self._conn.terminate()
+
+
+def execute_sync(dsn: str, statements: Sequence[str]) -> None:
+    """Run statements on a fresh connection from synchronous code (no trio
+    running): for test fixtures and command-line set-up only."""
+
+    async def go() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            for statement in statements:
+                await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(go())
+    except Exception as exc:
+        ours = translate(exc)
+        if ours is None:
+            raise
+        raise ours from exc

@@ -1,0 +1,238 @@
+"""``nexarch-events``: argv and environment -> settings -> run.
+
+Exit codes: 0 success; 1 an operation failed (e.g. job not found);
+2 bad usage or configuration; 3 the database is unreachable;
+130 interrupted before a clean shutdown could start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from .aio import Database
+from .aio import run as aio_run
+from .errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidJobError,
+    JobNotFound,
+    MigrationError,
+    NexarchError,
+)
+from .settings import Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+log = logging.getLogger("nexarch_events")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+
+
+@contextmanager
+def database_url(settings: Settings) -> Iterator[str]:
+    """The configured URL, or the embedded server in ``data_dir`` (started
+    if it is not running, and stopped again afterwards if we started it)."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from .embedded import EmbeddedPostgres
+
+    data = Path(settings.data_dir) / "postgres"
+    port_file = Path(settings.data_dir) / "postgres.port"
+    port = int(port_file.read_text()) if port_file.exists() else None
+    server = EmbeddedPostgres(data, port=port)
+    started_here = not server.is_running()
+    if started_here:
+        log.info("starting embedded Postgres data_dir=%s port=%d", data, server.port)
+        server.start()
+        port_file.write_text(str(server.port))
+    try:
+        yield server.url()
+    finally:
+        if started_here:
+            server.stop()
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    settings = Settings.from_env()
+    overrides: dict[str, Any] = {}
+    for name in ("workers", "batch_size"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    if overrides:
+        settings = settings.with_queue(**overrides)
+    return settings
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .migrations import migrate
+
+    async def go() -> list[int]:
+        async with Database.open(url, max_size=1) as db:
+            return await migrate(db)
+
+    applied = aio_run(go)
+    print(f"applied migrations: {applied}" if applied else "schema is up to date")
+    return EXIT_OK
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .handlers import load_handlers
+    from .service import serve
+
+    handlers = load_handlers(args.handlers)
+    aio_run(lambda: serve(settings, handlers, dsn=url, name=args.name))
+    return EXIT_OK
+
+
+def _queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
+    from .queue import Queue
+
+    async def go() -> Any:
+        async with Database.open(url, max_size=1) as db:
+            return await fn(Queue(db, settings.queue))
+
+    return aio_run(go)
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        raise InvalidJobError(f"--payload is not valid JSON: {exc}") from exc
+
+    async def go(queue: Any) -> int:
+        if args.job_type == "index":
+            return int(await queue.enqueue_index(args.tenant, args.message_id, payload))
+        return int(await queue.enqueue_delete(args.tenant, args.message_id))
+
+    print(_queue_call(url, settings, go))
+    return EXIT_OK
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    async def go(queue: Any) -> Any:
+        return await queue.status(args.job_id, tenant_slug=args.tenant)
+
+    job = _queue_call(url, settings, go)
+    print(json.dumps(_jsonable(asdict(job)), indent=2))
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    async def go(queue: Any) -> Any:
+        return await queue.stats()
+
+    stats = _queue_call(url, settings, go)
+    print(json.dumps({"counts": {str(k): v for k, v in stats.counts.items()},
+                      "oldest_ready_age_s": stats.oldest_ready_age_s}, indent=2))
+    return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    if args.job_id is None and not args.all and args.tenant is None and args.job_type is None:
+        raise ConfigurationError("requeue: give a job id, or --tenant/--job-type, or --all")
+
+    async def go(queue: Any) -> Any:
+        return await queue.requeue_failed(job_id=args.job_id, tenant_slug=args.tenant,
+                                          job_type=args.job_type)
+
+    result = _queue_call(url, settings, go)
+    print(json.dumps({"requeued": list(result.requeued),
+                      "superseded": list(result.superseded)}))
+    if args.job_id is not None and not result.requeued and not result.superseded:
+        raise JobNotFound(f"no failed job with id {args.job_id}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .demo import run_demo
+
+    return run_demo(url, settings, jobs=args.jobs, rate=args.rate)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nexarch-events",
+        description="Mail archive indexing queue on Postgres LISTEN/NOTIFY. The database is "
+                    "NEXARCH_DATABASE_URL, or an embedded Postgres in NEXARCH_DATA_DIR "
+                    "(default .nexarch) when unset.")
+    parser.add_argument("--log-level", default=os.environ.get("NEXARCH_LOG_LEVEL", "info"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", help="apply pending schema migrations").set_defaults(fn=cmd_migrate)
+
+    worker = sub.add_parser("worker", help="run the workers, listener and sweeper until SIGTERM")
+    worker.add_argument("--handlers", default="nexarch_events.handlers:LOGGING",
+                        help="module:NAME of a mapping job type -> batch handler")
+    worker.add_argument("--workers", type=int, help="worker tasks (NEXARCH_QUEUE_WORKERS)")
+    worker.add_argument("--batch-size", type=int, help="jobs per claim (NEXARCH_QUEUE_BATCH_SIZE)")
+    worker.add_argument("--name", help="worker name recorded in locked_by (default host:pid)")
+    worker.set_defaults(fn=cmd_worker)
+
+    enqueue = sub.add_parser("enqueue", help="enqueue one job; prints its id")
+    enqueue.add_argument("job_type", choices=["index", "delete"])
+    enqueue.add_argument("--tenant", required=True)
+    enqueue.add_argument("--message-id", required=True)
+    enqueue.add_argument("--payload", default="{}", help="JSON object (index jobs)")
+    enqueue.set_defaults(fn=cmd_enqueue)
+
+    status = sub.add_parser("status", help="a job's status as JSON")
+    status.add_argument("job_id", type=int)
+    status.add_argument("--tenant", help="only find the job within this tenant")
+    status.set_defaults(fn=cmd_status)
+
+    sub.add_parser("stats", help="counts per status, oldest ready age").set_defaults(fn=cmd_stats)
+
+    requeue = sub.add_parser("requeue", help="re-queue failed jobs")
+    requeue.add_argument("job_id", type=int, nargs="?")
+    requeue.add_argument("--tenant")
+    requeue.add_argument("--job-type", choices=["index", "delete"])
+    requeue.add_argument("--all", action="store_true", help="every failed job")
+    requeue.set_defaults(fn=cmd_requeue)
+
+    demo = sub.add_parser("demo", help="a worker process plus a producer; shows jobs handled")
+    demo.add_argument("--jobs", type=int, default=300)
+    demo.add_argument("--rate", type=float, default=50.0, help="jobs per second")
+    demo.set_defaults(fn=cmd_demo, workers=None, batch_size=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        settings = _settings(args)
+        with database_url(settings) as url:
+            code: int = args.fn(args, settings, url)
+            return code
+    except (ConfigurationError, InvalidJobError) as exc:
+        print(f"nexarch-events: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DatabaseUnavailable as exc:
+        print(f"nexarch-events: database unreachable: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (JobNotFound, MigrationError, NexarchError) as exc:
+        print(f"nexarch-events: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED

@@ -1,0 +1,54 @@
+"""The exceptions nexarch_events raises. Third-party errors are translated
+once, at the boundary (``nexarch_events.aio``), into one of these."""
+
+from __future__ import annotations
+
+
+class NexarchError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigurationError(NexarchError):
+    """A setting is missing or invalid; the message names the key and the fix."""
+
+
+class InvalidJobError(NexarchError, ValueError):
+    """A job was rejected before anything was written (bad type, slug, id or payload)."""
+
+
+class JobNotFound(NexarchError, LookupError):
+    """No job with that id (or not in the caller's tenant)."""
+
+
+class NoJobAvailable(NexarchError):
+    """A claim found nothing ready: the normal state of an empty queue."""
+
+
+class DatabaseError(NexarchError):
+    """Postgres refused a statement. ``sqlstate`` and ``constraint`` say why."""
+
+    def __init__(self, message: str, *, sqlstate: str | None = None,
+                 constraint: str | None = None) -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+        self.constraint = constraint
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The connection broke under us or could not be made (retry later)."""
+
+
+class MigrationError(NexarchError):
+    """The schema cannot be brought up to date (e.g. an applied migration changed)."""
+
+
+class JobFailed(NexarchError):
+    """Raised by a handler to fail one job with a clear message.
+
+    ``permanent=True`` ends the job as ``failed`` at once instead of retrying:
+    for input that can never succeed (a malformed message), not for outages.
+    """
+
+    def __init__(self, message: str, *, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent

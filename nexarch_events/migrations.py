@@ -1,0 +1,71 @@
+"""Schema migrations: ``sql/migrations/NNNN_name.sql``, applied in order.
+
+Safe to run from many processes at once: a session advisory lock serializes
+them, and each migration runs in its own transaction together with the row
+that records it, so a crash leaves either both or neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import trio
+
+from . import sqlfiles
+from .aio import Database
+from .errors import MigrationError
+
+log = logging.getLogger(__name__)
+
+#: Advisory lock key: the first 8 bytes of sha256("nexarch_events.migrate").
+_LOCK_KEY = int.from_bytes(hashlib.sha256(b"nexarch_events.migrate").digest()[:8], "big",
+                           signed=True)
+
+_BOOTSTRAP = """
+CREATE TABLE IF NOT EXISTS nexarch_schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    sha256     text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+def _digest(sql: str) -> str:
+    return hashlib.sha256(sql.encode("utf-8")).hexdigest()
+
+
+async def migrate(db: Database) -> list[int]:
+    """Apply every pending migration; return the versions applied now.
+
+    Blocks while another process migrates (advisory lock). Raises
+    MigrationError if a migration that was already applied has changed since.
+    """
+    applied_now: list[int] = []
+    async with db.acquire() as conn:
+        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+        try:
+            await conn.execute(_BOOTSTRAP)
+            rows = await conn.fetch("SELECT version, name, sha256 FROM nexarch_schema_migrations")
+            done = {row["version"]: (row["name"], row["sha256"]) for row in rows}
+            for version, name, sql in sqlfiles.migrations():
+                digest = _digest(sql)
+                if version in done:
+                    if done[version][1] != digest:
+                        raise MigrationError(
+                            f"migration {version:04d}_{name} was changed after it was applied; "
+                            "add a new migration instead of editing an applied one")
+                    continue
+                async with conn.transaction():
+                    await conn.execute(sql)
+                    await conn.execute(
+                        "INSERT INTO nexarch_schema_migrations (version, name, sha256) "
+                        "VALUES ($1, $2, $3)", version, name, digest)
+                log.info("migration applied version=%04d name=%s", version, name)
+                applied_now.append(version)
+        finally:
+            with trio.move_on_after(5, shield=True):
+                await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+    return applied_now
+

@@ -1,0 +1,224 @@
+"""The listener: one dedicated LISTEN connection per process, fanned out to
+trio channels.
+
+NOTIFY is a wake-up hint; the tables are the truth. Notifications sent while
+the connection is down are gone, so after every (re)connect each subscriber
+receives ``RESYNC`` and must act as if woken for everything (drain). The same
+marker is delivered when a subscriber's buffer overflowed.
+
+A dead connection is noticed within ``listener_ping_interval +
+listener_ping_timeout``: a clean close or reset through asyncpg's termination
+callback at once, a half-open socket (no FIN, no RST; packets silently
+dropped) by a ping that does not come back in time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final, cast
+
+import trio
+
+from .aio import ListenConnection
+from .errors import DatabaseUnavailable
+from .models import JSONObject
+from .settings import QueueSettings
+
+log = logging.getLogger(__name__)
+
+#: Channel names: the public event contract, see docs/events.md.
+INDEX_JOBS_CHANNEL: Final = "nexarch_index_jobs"
+JOB_EVENTS_CHANNEL: Final = "nexarch_job_events"
+
+
+@dataclass(frozen=True, slots=True)
+class Notification:
+    channel: str
+    payload: str
+    #: time.time() when this process received it (for latency measurements).
+    received_at: float
+
+    def json(self) -> JSONObject:
+        """The payload parsed; {} if it is not a JSON object (a foreign NOTIFY)."""
+        try:
+            value = json.loads(self.payload)
+        except ValueError:
+            return {}
+        return cast(JSONObject, value) if isinstance(value, dict) else {}
+
+
+class Resync:
+    """Notifications may have been missed: drain as if woken for everything."""
+
+    def __repr__(self) -> str:
+        return "RESYNC"
+
+
+RESYNC: Final = Resync()
+Event = Notification | Resync
+
+
+class Subscription:
+    """One consumer's view of one channel. Iterate it, or call ``receive``."""
+
+    def __init__(self, channel: str, buffer: int) -> None:
+        self.channel = channel
+        self._send, self._recv = trio.open_memory_channel[Event](buffer)
+        self._missed = False
+        #: notifications dropped because the consumer fell behind.
+        self.dropped = 0
+
+    def _push(self, event: Event) -> None:
+        try:
+            self._send.send_nowait(event)
+        except trio.WouldBlock:
+            # Dropping is safe only because the consumer will drain: it gets
+            # RESYNC once it has caught up with the buffer.
+            self._missed = True
+            self.dropped += 1
+        except trio.ClosedResourceError:
+            pass
+
+    async def receive(self) -> Event:
+        """The next notification or RESYNC. Blocks until there is one."""
+        if self._missed and self._recv.statistics().current_buffer_used == 0:
+            self._missed = False
+            await trio.lowlevel.checkpoint()
+            return RESYNC
+        return await self._recv.receive()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        try:
+            return await self.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def close(self) -> None:
+        self._send.close()
+
+
+class Listener:
+    """Owns the LISTEN connection; run it in a nursery with ``nursery.start``.
+
+    ``run`` returns to ``nursery.start`` once the first connection listens;
+    after that it reconnects by itself, forever, with backoff.
+    """
+
+    def __init__(self, dsn: str, settings: QueueSettings | None = None, *,
+                 channels: Iterable[str] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL)) -> None:
+        self.dsn = dsn
+        self.settings = settings or QueueSettings()
+        self.channels = tuple(channels)
+        self._subscribers: dict[str, list[Subscription]] = {c: [] for c in self.channels}
+        self._connected = False
+        self._connected_event = trio.Event()
+        self._conn: ListenConnection | None = None
+        #: completed connections (the first one included).
+        self.connections = 0
+        self.reconnects = 0
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process id of the LISTEN connection (for tests and ops)."""
+        return self._conn.backend_pid if self._conn is not None and self._connected else None
+
+    def subscribe(self, channel: str, *, buffer: int = 4096) -> Subscription:
+        """A new subscription to one of this listener's channels. It receives
+        RESYNC after each (re)connect, the first one included."""
+        if channel not in self._subscribers:
+            raise ValueError(f"channel {channel!r} is not one of {self.channels}")
+        sub = Subscription(channel, buffer)
+        self._subscribers[channel].append(sub)
+        if self._connected:
+            sub._push(RESYNC)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        subs = self._subscribers.get(sub.channel, [])
+        if sub in subs:
+            subs.remove(sub)
+        sub.close()
+
+    async def wait_connected(self) -> None:
+        """Block until the listener is connected (returns at once if it is)."""
+        while not self._connected:
+            await self._connected_event.wait()
+
+    def _deliver(self, channel: str, payload: str) -> None:
+        note = Notification(channel, payload, time.time())
+        for sub in self._subscribers.get(channel, ()):
+            sub._push(note)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen forever. Cancellation closes the connection and returns."""
+        s = self.settings
+        delay = s.reconnect_min
+        started = False
+        while True:
+            try:
+                conn = await ListenConnection.connect(
+                    self.dsn, connect_timeout=s.listener_ping_timeout * 2)
+            except (DatabaseUnavailable, trio.TooSlowError) as exc:
+                log.warning("listener cannot connect, retrying in %.2fs: %s", delay, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, s.reconnect_max)
+                continue
+            lost = trio.Event()
+            conn.on_lost(lost.set)
+            try:
+                for channel in self.channels:
+                    await conn.listen(channel, self._deliver)
+                self._conn = conn
+                self._connected = True
+                self._connected_event.set()
+                self._connected_event = trio.Event()
+                self.connections += 1
+                if self.connections > 1:
+                    self.reconnects += 1
+                delay = s.reconnect_min
+                log.info("listener connected backend_pid=%s channels=%s",
+                         conn.backend_pid, ",".join(self.channels))
+                # Everything committed from here on is notified; whatever came
+                # before (or while we were away) is found by draining.
+                for subs in self._subscribers.values():
+                    for sub in subs:
+                        sub._push(RESYNC)
+                if not started:
+                    started = True
+                    task_status.started()
+                await self._watch(conn, lost)
+            except DatabaseUnavailable as exc:
+                log.warning("listener connection lost: %s", exc)
+            finally:
+                self._connected = False
+                self._conn = None
+                conn.abort()
+            await trio.sleep(delay)
+            delay = min(delay * 2, s.reconnect_max)
+
+    async def _watch(self, conn: ListenConnection, lost: trio.Event) -> None:
+        """Return when the connection is dead: closed, reset, or silent."""
+        s = self.settings
+        while True:
+            with trio.move_on_after(s.listener_ping_interval):
+                await lost.wait()
+            if lost.is_set() or conn.is_closed():
+                log.warning("listener connection closed by the server or the network")
+                return
+            with trio.move_on_after(s.listener_ping_timeout) as scope:
+                await conn.ping()
+            if scope.cancelled_caught:
+                log.warning("listener connection silent for %.1fs (half-open?); reconnecting",
+                            s.listener_ping_timeout)
+                return

@@ -1,0 +1,237 @@
+"""The index job queue on ``mail_index_jobs`` (seed: indexworker/queue.go).
+
+Every method is one statement, one round trip. The SQL, with the reasons for
+each clause, is in ``sql/queue.sql``. Enqueueing wakes workers everywhere by
+a trigger's NOTIFY; acks announce outcomes on the job-events channel
+(docs/events.md).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import cast
+
+from . import sqlfiles
+from .aio import Database, Row
+from .errors import DatabaseError, InvalidJobError, JobNotFound, NoJobAvailable
+from .models import (
+    DEFAULT_MAX_ATTEMPTS,
+    AckResult,
+    ClaimedJob,
+    Failure,
+    Job,
+    JobId,
+    JobStatus,
+    JobType,
+    JSONObject,
+    JSONValue,
+    LeaseToken,
+    NewJob,
+    QueueStats,
+    RequeueResult,
+    validate_tenant_slug,
+)
+from .settings import QueueSettings
+
+_SQL = sqlfiles.queries("queue.sql")
+
+
+class Queue:
+    """Access to ``mail_index_jobs``. Cheap to create; shares the caller's pool."""
+
+    def __init__(self, db: Database, settings: QueueSettings | None = None) -> None:
+        self.db = db
+        self.settings = settings or QueueSettings()
+        #: Acks refused because the lease had been taken over (zombie acks),
+        #: counted over this object's life.
+        self.refused_acks = 0
+
+    # -- producers -----------------------------------------------------------
+
+    async def enqueue_index(self, tenant_slug: str, message_id: str,
+                            payload: Mapping[str, JSONValue], *,
+                            max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                            delay_s: float = 0.0) -> JobId:
+        """Enqueue an index job (seed: EnqueueIndex). Raises InvalidJobError,
+        writing nothing, if any argument is unacceptable."""
+        job = NewJob(JobType.INDEX, tenant_slug, message_id, payload,
+                     max_attempts=max_attempts, delay_s=delay_s)
+        return (await self.enqueue_many([job]))[0]
+
+    async def enqueue_delete(self, tenant_slug: str, message_id: str, *,
+                             max_attempts: int = DEFAULT_MAX_ATTEMPTS) -> JobId:
+        """Enqueue a delete job (seed: EnqueueDelete)."""
+        job = NewJob(JobType.DELETE, tenant_slug, message_id, {}, max_attempts=max_attempts)
+        return (await self.enqueue_many([job]))[0]
+
+    async def enqueue_many(self, jobs: Sequence[NewJob]) -> list[JobId]:
+        """Enqueue any number of jobs in one statement, one transaction and one
+        notification. Returns their ids in input order. All or nothing."""
+        if not jobs:
+            return []
+        for job in jobs:
+            if not isinstance(job, NewJob):
+                raise InvalidJobError(f"enqueue_many takes NewJob values, got {type(job).__name__}")
+        try:
+            rows = await self.db.fetch(
+                _SQL["enqueue"],
+                [j.job_type.value for j in jobs], [j.tenant_slug for j in jobs],
+                [j.message_id for j in jobs], [j.payload_json for j in jobs],
+                [j.max_attempts for j in jobs], [float(j.delay_s) for j in jobs])
+        except DatabaseError as exc:
+            if exc.sqlstate and exc.sqlstate.startswith("23"):
+                # The table's CHECKs mirror NewJob's validation; reaching one
+                # means the two disagree (e.g. jsonb's re-serialized size).
+                raise InvalidJobError(f"job rejected by the database: {exc}") from exc
+            raise
+        # Identity values follow input order (ORDER BY ord in the INSERT).
+        return sorted(JobId(row["id"]) for row in rows)
+
+    # -- workers ---------------------------------------------------------------
+
+    async def claim(self, limit: int, worker_id: str) -> list[ClaimedJob]:
+        """Claim up to ``limit`` ready jobs in one statement; [] if none."""
+        rows = await self.db.fetch(_SQL["claim"], limit, worker_id)
+        jobs = [_claimed(row) for row in rows]
+        jobs.sort(key=lambda j: j.id)
+        return jobs
+
+    async def dequeue(self, worker_id: str) -> ClaimedJob:
+        """Claim exactly one job (seed: Dequeue); raises NoJobAvailable."""
+        jobs = await self.claim(1, worker_id)
+        if not jobs:
+            raise NoJobAvailable("no job is ready")
+        return jobs[0]
+
+    async def heartbeat(self, leases: Mapping[JobId, LeaseToken]) -> set[JobId]:
+        """Refresh leases; return the ids whose lease is lost (taken over)."""
+        if not leases:
+            return set()
+        ids = list(leases)
+        rows = await self.db.fetch(_SQL["heartbeat"], ids, [leases[i] for i in ids])
+        kept = {row["id"] for row in rows}
+        return {i for i in ids if i not in kept}
+
+    async def ack(self, outcomes: Sequence[tuple[ClaimedJob, Failure | None]]) -> AckResult:
+        """Record a batch's outcomes in one statement: None = succeeded, a
+        Failure = retry with backoff, or ``failed`` after max attempts (or at
+        once if permanent). Jobs whose lease was taken over are refused."""
+        if not outcomes:
+            return AckResult({}, ())
+        rows = await self.db.fetch(
+            _SQL["ack"],
+            [job.id for job, _ in outcomes], [job.lease for job, _ in outcomes],
+            [None if f is None else _clip_error(f.error) for _, f in outcomes],
+            [False if f is None else f.permanent for _, f in outcomes],
+            float(self.settings.backoff_base), self.settings.backoff_cap)
+        return self._ack_result(rows, (job.id for job, _ in outcomes))
+
+    async def complete(self, jobs: Sequence[ClaimedJob]) -> AckResult:
+        """Mark jobs succeeded (seed: complete)."""
+        return await self.ack([(job, None) for job in jobs])
+
+    async def fail(self, job: ClaimedJob, error: str, *, permanent: bool = False) -> AckResult:
+        """Record one failure (seed: fail)."""
+        return await self.ack([(job, Failure(error, permanent))])
+
+    async def release(self, jobs: Sequence[ClaimedJob]) -> list[JobId]:
+        """Hand jobs back unfinished (shutdown), refunding their attempt."""
+        if not jobs:
+            return []
+        rows = await self.db.fetch(_SQL["release"], [j.id for j in jobs], [j.lease for j in jobs])
+        return sorted(JobId(row["id"]) for row in rows)
+
+    # -- sweeper ---------------------------------------------------------------
+
+    async def reclaim_stale(self) -> dict[JobId, JobStatus]:
+        """Put back jobs whose worker stopped heartbeating; returns their new status."""
+        rows = await self.db.fetch(_SQL["reclaim_stale"], float(self.settings.stale_after))
+        return {JobId(row["id"]): JobStatus(row["status"]) for row in rows}
+
+    async def ready_count(self, limit: int) -> int:
+        """Jobs ready now, counted up to ``limit``."""
+        return int(await self.db.fetchval(_SQL["ready_count"], limit))
+
+    async def schedule(self) -> tuple[datetime | None, datetime | None, datetime]:
+        """(earliest future retry, oldest heartbeat, database now)."""
+        row = await self.db.fetchrow(_SQL["schedule"])
+        assert row is not None
+        return row["next_due"], row["oldest_heartbeat"], row["db_now"]
+
+    # -- operators -------------------------------------------------------------
+
+    async def status(self, job_id: int, *, tenant_slug: str | None = None) -> Job:
+        """A job's current state (seed: Status). Raises JobNotFound; with
+        ``tenant_slug``, a job of another tenant is not found either."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["status"], int(job_id), tenant_slug)
+        if row is None:
+            raise JobNotFound(f"job {job_id} not found")
+        return Job(
+            id=JobId(row["id"]), job_type=JobType(row["job_type"]),
+            tenant_slug=row["tenant_slug"], message_id=row["message_id"],
+            status=JobStatus(row["status"]), attempts=row["attempts"],
+            max_attempts=row["max_attempts"], available_at=row["available_at"],
+            locked_by=row["locked_by"], last_error=row["last_error"],
+            created_at=row["created_at"], updated_at=row["updated_at"],
+            finished_at=row["finished_at"])
+
+    async def requeue(self, job_id: int) -> RequeueResult:
+        """Re-queue one failed job with fresh attempts. Raises JobNotFound if
+        no failed job has that id."""
+        result = await self.requeue_failed(job_id=job_id)
+        if not result.requeued and not result.superseded:
+            raise JobNotFound(f"no failed job with id {job_id}")
+        return result
+
+    async def requeue_failed(self, *, job_id: int | None = None, tenant_slug: str | None = None,
+                             job_type: JobType | str | None = None) -> RequeueResult:
+        """Re-queue every failed job matching all given filters. Jobs that a
+        newer job of the same message has overtaken are left failed and
+        reported as superseded (re-running them would undo the newer job)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        kind = None if job_type is None else JobType(job_type).value
+        rows = await self.db.fetch(_SQL["requeue_failed"],
+                                   None if job_id is None else int(job_id), tenant_slug, kind)
+        return RequeueResult(
+            requeued=tuple(JobId(r["id"]) for r in rows if r["requeued"]),
+            superseded=tuple(JobId(r["id"]) for r in rows if not r["requeued"]))
+
+    async def stats(self) -> QueueStats:
+        row = await self.db.fetchrow(_SQL["stats"])
+        assert row is not None
+        raw = cast(dict[str, int], json.loads(row["counts"]))
+        counts = {status: int(raw.get(status.value, 0)) for status in JobStatus}
+        age = row["oldest_ready_age_s"]
+        return QueueStats(counts=counts, oldest_ready_age_s=None if age is None else float(age))
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _ack_result(self, rows: list[Row], sent: Iterable[JobId]) -> AckResult:
+        statuses = {JobId(row["id"]): JobStatus(row["status"]) for row in rows}
+        refused = tuple(i for i in sent if i not in statuses)
+        self.refused_acks += len(refused)
+        return AckResult(statuses=statuses, refused=refused)
+
+
+#: last_error is for people; a 100 KB traceback helps nobody and bloats rows.
+MAX_ERROR_LENGTH = 4000
+
+
+def _clip_error(error: str) -> str:
+    error = error.replace("\x00", "\\0")
+    if len(error) <= MAX_ERROR_LENGTH:
+        return error
+    return error[:MAX_ERROR_LENGTH] + f"... [{len(error) - MAX_ERROR_LENGTH} characters cut]"
+
+
+def _claimed(row: Row) -> ClaimedJob:
+    return ClaimedJob(
+        id=JobId(row["id"]), job_type=JobType(row["job_type"]), tenant_slug=row["tenant_slug"],
+        message_id=row["message_id"], payload=cast(JSONObject, json.loads(row["payload"])),
+        attempts=row["attempts"], max_attempts=row["max_attempts"],
+        lease=LeaseToken(row["lease"]), enqueued_at=row["created_at"])

@@ -1,0 +1,113 @@
+"""The queue service: one nursery holds the listener, the wake-up pump, the
+workers and the sweeper. ``serve`` is what ``nexarch-events worker`` runs;
+embedders call it (or ``QueueService``) from their own trio code.
+
+Shutdown: the first SIGTERM/SIGINT (or ``QueueService.shutdown``) stops
+claims and gives in-flight jobs ``shutdown_grace`` seconds; unfinished ones
+are released with their attempt refunded. A second signal cancels at once
+(releases still run, shielded and bounded).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Mapping
+
+import trio
+
+from .aio import Database
+from .migrations import migrate
+from .notify import INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL, RESYNC, Listener, Subscription
+from .queue import Queue
+from .settings import Settings
+from .sweeper import Sweeper
+from .worker import BatchHandler, WorkerPool
+
+log = logging.getLogger(__name__)
+
+
+class QueueService:
+    """Listener + workers + sweeper for one process, sharing one pool."""
+
+    def __init__(self, db: Database, settings: Settings,
+                 handlers: Mapping[str, BatchHandler], *, name: str | None = None) -> None:
+        self.settings = settings
+        self.queue = Queue(db, settings.queue)
+        self.listener = Listener(db.dsn, settings.queue,
+                                 channels=(INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL))
+        self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name)
+        self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
+        self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
+        self._cancel = trio.CancelScope()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run until ``shutdown`` has finished the workers, or until cancelled.
+        Started (for ``nursery.start``) once the listener listens and the
+        workers are up."""
+        with self._cancel:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.listener.run)
+                nursery.start_soon(self._pump, self._wake_sub)
+                await nursery.start(self.sweeper.run)
+                # Returns once shutdown() has finished every worker; the
+                # listener and sweeper then have nothing left to serve.
+                await self.pool.run(task_status=task_status)
+                nursery.cancel_scope.cancel()
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Graceful stop: see the module docstring. Returns at once."""
+        await self.pool.shutdown(grace)
+
+    def cancel(self) -> None:
+        """Stop now; in-flight jobs are released (shielded, bounded)."""
+        self._cancel.cancel()
+
+    async def _pump(self, sub: Subscription) -> None:
+        """Turn index-channel notifications into targeted wake-ups."""
+        async for event in sub:
+            if event is RESYNC:
+                self.pool.wakeups.wake_all()
+                self.sweeper.poke()
+                continue
+            data = event.json()
+            ready = data.get("ready")
+            if isinstance(ready, int) and ready > 0:
+                self.pool.wakeups.wake(ready)
+            if data.get("next_due") is not None:
+                self.sweeper.poke()
+
+
+async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
+                dsn: str, name: str | None = None,
+                task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED) -> None:
+    """Migrate, then run the queue service until SIGTERM/SIGINT has stopped it."""
+    async with Database.open(dsn, max_size=settings.pool_size) as db:
+        await migrate(db)
+        service = QueueService(db, settings, handlers, name=name)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_on_signals, service)
+            await nursery.start(_run_then_stop, service, nursery.cancel_scope)
+            log.info("worker running name=%s workers=%d batch_size=%d",
+                     service.pool.name, settings.queue.workers, settings.queue.batch_size)
+            task_status.started(service)
+
+
+async def _run_then_stop(service: QueueService, scope: trio.CancelScope, *,
+                         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    await service.run(task_status=task_status)
+    scope.cancel()  # the signal watcher
+
+
+async def _on_signals(service: QueueService) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        count = 0
+        async for signum in signals:
+            count += 1
+            if count == 1:
+                log.info("signal %s: shutting down (grace %.1fs); again to force",
+                         signal.Signals(signum).name, service.settings.queue.shutdown_grace)
+                await service.shutdown()
+            else:
+                log.warning("second signal: stopping now")
+                service.cancel()

@@ -1,0 +1,121 @@
+"""Frozen, validated settings. Every error names the key and what would fix it."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Self
+
+from .errors import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSettings:
+    """How workers claim, retry and give up. Times are seconds."""
+
+    #: Worker tasks per process. Two cores: a few tasks keep Postgres busy.
+    workers: int = 4
+    #: Jobs claimed per statement (and acknowledged per statement).
+    batch_size: int = 100
+    #: A lease without a heartbeat for this long belongs to a dead worker.
+    stale_after: float = 30.0
+    #: How often a live process refreshes its leases; default stale_after / 4.
+    heartbeat_interval: float | None = None
+    #: Retry delay = min(attempts, backoff_cap) * backoff_base (the seed's rule).
+    backoff_base: float = 10.0
+    backoff_cap: int = 10
+    #: Safety net: drain this often even if no notification arrived.
+    drain_interval: float = 60.0
+    #: On shutdown, in-flight jobs get this long before they are released.
+    shutdown_grace: float = 10.0
+    #: Listener liveness probe: a ping every interval must answer within timeout,
+    #: so a dead (even half-open) connection is noticed within interval + timeout.
+    listener_ping_interval: float = 5.0
+    listener_ping_timeout: float = 5.0
+    #: Reconnect backoff of the listener: doubles from min to max.
+    reconnect_min: float = 0.1
+    reconnect_max: float = 5.0
+
+    def __post_init__(self) -> None:
+        _positive_int("queue.workers", self.workers, upper=1024)
+        _positive_int("queue.batch_size", self.batch_size, upper=10_000)
+        _positive_int("queue.backoff_cap", self.backoff_cap, upper=1_000_000)
+        for name in ("stale_after", "backoff_base", "drain_interval", "listener_ping_interval",
+                     "listener_ping_timeout", "reconnect_min", "reconnect_max"):
+            _positive_float(f"queue.{name}", getattr(self, name))
+        _positive_float("queue.shutdown_grace", self.shutdown_grace, allow_zero=True)
+        if self.heartbeat_interval is not None:
+            _positive_float("queue.heartbeat_interval", self.heartbeat_interval)
+            if self.heartbeat_interval >= self.stale_after:
+                raise ConfigurationError(
+                    f"queue.heartbeat_interval ({self.heartbeat_interval}) must be shorter "
+                    f"than queue.stale_after ({self.stale_after}), or live workers lose their jobs")
+        if self.reconnect_min > self.reconnect_max:
+            raise ConfigurationError("queue.reconnect_min must not exceed queue.reconnect_max")
+
+    @property
+    def effective_heartbeat_interval(self) -> float:
+        return self.heartbeat_interval if self.heartbeat_interval is not None \
+            else self.stale_after / 4
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.embedded).
+    database_url: str | None = None
+    data_dir: str = ".nexarch"
+    pool_size: int = 10
+    queue: QueueSettings = field(default_factory=QueueSettings)
+
+    def __post_init__(self) -> None:
+        _positive_int("pool_size", self.pool_size, upper=1000)
+        if self.database_url is not None and not self.database_url.startswith(
+                ("postgres://", "postgresql://")):
+            raise ConfigurationError(
+                "database_url must start with postgresql:// (set NEXARCH_DATABASE_URL), "
+                "or be unset to use the embedded Postgres")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
+        """Settings from ``NEXARCH_*`` variables, e.g. ``NEXARCH_QUEUE_WORKERS=8``."""
+        env = os.environ if environ is None else environ
+        queue_kwargs: dict[str, object] = {}
+        for f in fields(QueueSettings):
+            key = f"NEXARCH_QUEUE_{f.name.upper()}"
+            if key in env:
+                queue_kwargs[f.name] = _parse_number(key, env[key], integer=f.type == "int")
+        top: dict[str, object] = {}
+        if env.get("NEXARCH_DATABASE_URL"):
+            top["database_url"] = env["NEXARCH_DATABASE_URL"]
+        if env.get("NEXARCH_DATA_DIR"):
+            top["data_dir"] = env["NEXARCH_DATA_DIR"]
+        if "NEXARCH_POOL_SIZE" in env:
+            top["pool_size"] = _parse_number("NEXARCH_POOL_SIZE", env["NEXARCH_POOL_SIZE"],
+                                             integer=True)
+        return cls(queue=QueueSettings(**queue_kwargs), **top)  # type: ignore[arg-type]
+
+    def with_queue(self, **changes: object) -> Settings:
+        return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]
+
+
+def _parse_number(key: str, raw: str, *, integer: bool) -> int | float:
+    try:
+        return int(raw) if integer else float(raw)
+    except ValueError:
+        kind = "a whole number" if integer else "a number"
+        raise ConfigurationError(f"{key}={raw!r} is not {kind}") from None
+
+
+def _positive_int(key: str, value: object, *, upper: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
+        raise ConfigurationError(f"{key} must be a whole number from 1 to {upper}, got {value!r}")
+
+
+def _positive_float(key: str, value: object, *, allow_zero: bool = False) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(f"{key} must be a finite number of seconds {bound}, got {value!r}")

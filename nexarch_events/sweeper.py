@@ -1,0 +1,83 @@
+"""The sweeper: reclaims stale leases, wakes workers exactly when the next
+retry falls due, and drains on a slow safety-net interval.
+
+It sleeps until the earliest of: the next retry's ``available_at``, the
+moment the oldest heartbeat would go stale, and the next safety-net drain.
+A notification carrying ``next_due`` (a retry was scheduled anywhere) or a
+RESYNC pokes it to re-read that schedule. Times come from the database clock
+(``now()`` in the same query), so clock skew between hosts does not matter.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from .errors import DatabaseUnavailable
+from .queue import Queue
+from .settings import QueueSettings
+from .worker import WakeUps
+
+log = logging.getLogger(__name__)
+
+
+class Sweeper:
+    def __init__(self, queue: Queue, wakeups: WakeUps, settings: QueueSettings | None = None,
+                 *, workers: int | None = None) -> None:
+        self.queue = queue
+        self.wakeups = wakeups
+        self.settings = settings or queue.settings
+        self._workers = workers or self.settings.workers
+        self._poked = trio.Event()
+        self.reclaimed = 0
+        self.due_wakeups = 0
+
+    def poke(self) -> None:
+        """Re-read the schedule now (a retry was scheduled, or we reconnected)."""
+        self._poked.set()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        s = self.settings
+        next_drain = trio.current_time() + s.drain_interval
+        delay = 0.05
+        task_status.started()
+        while True:
+            self._poked = trio.Event()
+            try:
+                wake_at = await self._sweep_once()
+            except DatabaseUnavailable as exc:
+                log.warning("sweeper cannot reach Postgres, retrying in %.2fs: %s", delay, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, s.reconnect_max)
+                continue
+            delay = 0.05
+            now = trio.current_time()
+            if now >= next_drain:
+                self.wakeups.wake_all()
+                next_drain = now + s.drain_interval
+            with trio.move_on_at(min(wake_at, next_drain)):
+                await self._poked.wait()
+
+    async def _sweep_once(self) -> float:
+        """Reclaim, wake for what is due, and return when to look again."""
+        s = self.settings
+        reclaimed = await self.queue.reclaim_stale()
+        if reclaimed:
+            self.reclaimed += len(reclaimed)
+            log.warning("reclaimed %d job(s) from dead workers: %s", len(reclaimed),
+                        sorted(reclaimed))
+        ready = await self.queue.ready_count(self._workers)
+        if ready:
+            self.due_wakeups += 1
+            self.wakeups.wake(ready)
+        next_due, oldest_heartbeat, db_now = await self.queue.schedule()
+        now = trio.current_time()
+        wake_at = now + s.drain_interval
+        if next_due is not None:
+            wake_at = min(wake_at, now + max((next_due - db_now).total_seconds(), 0.0))
+        if oldest_heartbeat is not None:
+            stale_at = (oldest_heartbeat - db_now).total_seconds() + s.stale_after
+            # A little past the threshold, so the reclaim query sees it stale.
+            wake_at = min(wake_at, now + max(stale_at, 0.0) + 0.05)
+        return wake_at

@@ -1,0 +1,272 @@
+"""Workers: N trio tasks that claim batches, run the handler of each job
+type, and acknowledge each batch with one statement.
+
+A worker only sleeps after a claim came back empty, and then until it is
+woken: by a notification (through ``WakeUps``, targeted: one job wakes one
+idle worker), by the sweeper when a retry falls due, or at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import trio
+
+from .errors import ConfigurationError, DatabaseUnavailable, JobFailed
+from .models import ClaimedJob, Failure, JobId, JobType
+from .queue import Queue
+from .settings import QueueSettings
+
+log = logging.getLogger(__name__)
+
+#: Handles a batch of jobs of one type; returns the failures by job id.
+#: Jobs absent from the result succeeded. An exception fails the whole batch
+#: (retryable), so a handler that can tell jobs apart should catch per job.
+BatchHandler = Callable[[Sequence[ClaimedJob]], Awaitable[Mapping[JobId, Failure]]]
+JobHandler = Callable[[ClaimedJob], Awaitable[None]]
+
+
+def per_job(handle: JobHandler) -> BatchHandler:
+    """A BatchHandler that runs ``handle`` for each job in turn. ``JobFailed``
+    fails that job with its message (permanently if it says so); any other
+    exception fails that job with a retry. The rest of the batch goes on."""
+
+    async def handle_batch(jobs: Sequence[ClaimedJob]) -> Mapping[JobId, Failure]:
+        failures: dict[JobId, Failure] = {}
+        for job in jobs:
+            try:
+                await handle(job)
+            except JobFailed as exc:
+                failures[job.id] = Failure(str(exc), exc.permanent)
+            except Exception as exc:
+                failures[job.id] = Failure(f"{type(exc).__name__}: {exc}")
+        return failures
+
+    return handle_batch
+
+
+class WakeUps:
+    """Targeted wake-ups for idle workers.
+
+    ``wake(n)`` wakes at most n idle workers. Wake-ups nobody was idle to take
+    become credits, so a worker whose claim raced with a new job's commit
+    claims once more instead of sleeping through it.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self._idle: deque[trio.Event] = deque()
+        self._credits = 0
+        self._limit = workers
+        self._closed = False
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    def wake(self, n: int) -> int:
+        """Wake up to ``n`` workers; returns how many were idle and woken."""
+        woken = 0
+        while n > 0 and self._idle:
+            self._idle.popleft().set()
+            n -= 1
+            woken += 1
+        self._credits = min(self._limit, self._credits + n)
+        return woken
+
+    def wake_all(self) -> None:
+        self.wake(self._limit)
+
+    def close(self) -> None:
+        """Wake everyone now and never block again (shutdown)."""
+        self._closed = True
+        while self._idle:
+            self._idle.popleft().set()
+
+    async def wait(self) -> None:
+        """Block until woken; returns at once if a credit is waiting."""
+        if self._closed or self._credits:
+            if not self._closed:
+                self._credits -= 1
+            await trio.lowlevel.checkpoint()
+            return
+        event = trio.Event()
+        self._idle.append(event)
+        try:
+            await event.wait()
+        finally:
+            if not event.is_set():
+                self._idle.remove(event)
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    refused: int = 0
+    released: int = 0
+    lost_leases: int = 0
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class WorkerPool:
+    """N worker tasks and their heartbeat task, in one nursery (``run``)."""
+
+    def __init__(self, queue: Queue, handlers: Mapping[JobType | str, BatchHandler],
+                 settings: QueueSettings | None = None, *, name: str | None = None) -> None:
+        self.queue = queue
+        self.settings = settings or queue.settings
+        self.handlers: dict[JobType, BatchHandler] = {JobType(k): v for k, v in handlers.items()}
+        missing = [t.value for t in JobType if t not in self.handlers]
+        if missing:
+            raise ConfigurationError(f"no handler registered for job type(s): {', '.join(missing)}")
+        self.name = name or default_worker_name()
+        self.wakeups = WakeUps(self.settings.workers)
+        self.stats = WorkerStats()
+        self._in_flight: dict[JobId, ClaimedJob] = {}
+        self._stopping = False
+        self._handler_scopes: set[trio.CancelScope] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the workers until ``shutdown`` has finished them, or until
+        cancelled (then in-flight jobs are released, shielded and bounded)."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._heartbeats)
+            async with trio.open_nursery() as workers:
+                for index in range(self.settings.workers):
+                    workers.start_soon(self._work, f"{self.name}/{index}")
+                task_status.started()
+            # All workers are done (shutdown): stop heartbeating.
+            nursery.cancel_scope.cancel()
+
+    async def shutdown(self, grace: float | None = None) -> None:
+        """Stop claiming; give in-flight handlers ``grace`` seconds (default
+        settings.shutdown_grace), then cancel them. Their jobs are released
+        with the attempt refunded. Returns at once; ``run`` returns when done."""
+        if self._stopping:
+            return
+        self._stopping = True
+        self.wakeups.close()
+        grace = self.settings.shutdown_grace if grace is None else grace
+        deadline = trio.current_time() + grace
+        for scope in self._handler_scopes:
+            scope.deadline = min(scope.deadline, deadline)
+        await trio.lowlevel.checkpoint()
+
+    async def _work(self, worker_id: str) -> None:
+        delay = 0.05
+        while not self._stopping:
+            try:
+                jobs = await self.queue.claim(self.settings.batch_size, worker_id)
+            except DatabaseUnavailable as exc:
+                log.warning("claim failed, retrying in %.2fs: %s", delay, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, self.settings.reconnect_max)
+                continue
+            delay = 0.05
+            if not jobs:
+                await self.wakeups.wait()
+                continue
+            await self._process(jobs)
+
+    async def _process(self, jobs: list[ClaimedJob]) -> None:
+        self.stats.claimed += len(jobs)
+        for job in jobs:
+            self._in_flight[job.id] = job
+        outcomes: dict[JobId, Failure | None] = {}
+        try:
+            scope = trio.CancelScope()
+            if self._stopping:
+                scope.deadline = trio.current_time() + self.settings.shutdown_grace
+            self._handler_scopes.add(scope)
+            try:
+                with scope:
+                    await self._run_handlers(jobs, outcomes)
+            finally:
+                self._handler_scopes.discard(scope)
+        finally:
+            done = [(job, outcomes[job.id]) for job in jobs if job.id in outcomes]
+            unfinished = [job for job in jobs if job.id not in outcomes]
+            # Shielded: a cancelled worker still records what it finished and
+            # hands back what it did not. Bounded: stale-lease reclaim covers
+            # the case where Postgres does not answer in time.
+            with trio.move_on_after(max(self.settings.stale_after, 5.0), shield=True):
+                await self._settle(done, unfinished)
+            for job in jobs:
+                self._in_flight.pop(job.id, None)
+
+    async def _run_handlers(self, jobs: list[ClaimedJob],
+                            outcomes: dict[JobId, Failure | None]) -> None:
+        by_type: dict[JobType, list[ClaimedJob]] = {}
+        for job in jobs:
+            by_type.setdefault(job.job_type, []).append(job)
+        for job_type, group in by_type.items():
+            handler = self.handlers[job_type]
+            try:
+                failures = await handler(group)
+            except Exception as exc:
+                log.exception("handler for %s raised; failing its batch of %d",
+                              job_type, len(group))
+                failure = Failure(f"{type(exc).__name__}: {exc}")
+                failures = {job.id: failure for job in group}
+            for job in group:
+                outcomes[job.id] = failures.get(job.id)
+
+    async def _settle(self, done: list[tuple[ClaimedJob, Failure | None]],
+                      unfinished: list[ClaimedJob]) -> None:
+        """Ack and release, retrying while Postgres is unreachable (a restart)."""
+        delay = 0.05
+        while done or unfinished:
+            try:
+                if done:
+                    result = await self.queue.ack(done)
+                    for status in result.statuses.values():
+                        if status == "succeeded":
+                            self.stats.succeeded += 1
+                        elif status == "failed":
+                            self.stats.failed += 1
+                        else:
+                            self.stats.retried += 1
+                    if result.refused:
+                        self.stats.refused += len(result.refused)
+                        log.warning("ack refused for jobs %s: their lease was taken over",
+                                    list(result.refused))
+                    done = []
+                if unfinished:
+                    released = await self.queue.release(unfinished)
+                    self.stats.released += len(released)
+                    unfinished = []
+            except DatabaseUnavailable as exc:
+                log.warning("ack failed, retrying in %.2fs: %s", delay, exc)
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _heartbeats(self) -> None:
+        interval = self.settings.effective_heartbeat_interval
+        while True:
+            await trio.sleep(interval)
+            leases = {job_id: job.lease for job_id, job in self._in_flight.items()}
+            if not leases:
+                continue
+            try:
+                lost = await self.queue.heartbeat(leases)
+            except DatabaseUnavailable as exc:
+                log.warning("heartbeat failed: %s", exc)
+                continue
+            if lost:
+                self.stats.lost_leases += len(lost)
+                log.warning("lost the lease of jobs %s (taken over after a stale heartbeat)",
+                            sorted(lost))

@@ -1,0 +1,274 @@
+-- Named queries of the index job queue. Loaded once by nexarch_events.sqlfiles;
+-- each block starts with "-- name: <name>". Notification channels and payloads
+-- are the public event contract: docs/events.md.
+
+-- name: enqueue
+-- One INSERT statement for any number of jobs: the statement trigger sends
+-- one notification for the whole batch. ORDER BY ord makes identity values
+-- follow input order, so the caller can map ids back by sorting.
+INSERT INTO mail_index_jobs
+       (job_type, tenant_slug, message_id, payload, max_attempts, available_at)
+SELECT t.job_type, t.tenant_slug, t.message_id, t.payload::jsonb, t.max_attempts,
+       now() + t.delay_s * interval '1 second'
+  FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int[], $6::float8[])
+       WITH ORDINALITY AS t(job_type, tenant_slug, message_id, payload, max_attempts, delay_s, ord)
+ ORDER BY t.ord
+RETURNING id;
+
+-- name: claim
+-- $1 limit, $2 worker id. Claims up to $1 ready jobs in one statement.
+WITH candidates AS (
+    SELECT j.id
+      FROM mail_index_jobs j
+     WHERE j.status = 'pending'
+       AND j.available_at <= now()
+       -- Guarantee 3 (per-key enqueue order): only the oldest open job of a
+       -- (tenant, message) may run. A job waiting for its retry still blocks
+       -- the jobs behind it, so a later delete cannot be overtaken by an
+       -- earlier index that is retried afterwards.
+       AND NOT EXISTS (
+             SELECT 1
+               FROM mail_index_jobs older
+              WHERE older.tenant_slug = j.tenant_slug
+                AND older.message_id = j.message_id
+                AND older.id < j.id
+                AND older.status IN ('pending', 'processing'))
+     ORDER BY j.available_at, j.id
+     LIMIT $1
+       -- Guarantee 2: concurrent claimers skip rows another claim holds.
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE mail_index_jobs j
+   SET status = 'processing',
+       attempts = j.attempts + 1,
+       locked_at = now(),
+       locked_by = $2,
+       heartbeat_at = now(),
+       lease = gen_random_uuid(),
+       updated_at = now()
+  FROM candidates c
+ WHERE j.id = c.id
+RETURNING j.id, j.job_type, j.tenant_slug, j.message_id, j.payload::text AS payload,
+          j.attempts, j.max_attempts, j.lease, j.created_at;
+
+-- name: ack
+-- One statement acknowledges a whole batch, successes and failures alike.
+-- $1 ids, $2 leases, $3 errors (NULL = success), $4 permanent flags,
+-- $5 backoff base seconds, $6 backoff cap (attempts).
+-- A row whose lease no longer matches (taken over after a stale heartbeat)
+-- is not touched and not returned: the caller counts it as a refused ack.
+WITH acks AS (
+    SELECT a.id, a.lease, a.error, a.permanent
+      FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bool[])
+           AS a(id, lease, error, permanent)
+),
+done AS (
+    UPDATE mail_index_jobs j
+       SET status = CASE
+                        WHEN a.error IS NULL THEN 'succeeded'
+                        WHEN a.permanent OR j.attempts >= j.max_attempts THEN 'failed'
+                        ELSE 'pending'
+                    END,
+           -- Seed backoff: min(attempts, cap) x base.
+           available_at = CASE
+                              WHEN a.error IS NOT NULL AND NOT a.permanent
+                                   AND j.attempts < j.max_attempts
+                              THEN now() + LEAST(j.attempts, $6) * $5 * interval '1 second'
+                              ELSE j.available_at
+                          END,
+           last_error = COALESCE(a.error, j.last_error),
+           finished_at = CASE
+                             WHEN a.error IS NULL OR a.permanent
+                                  OR j.attempts >= j.max_attempts
+                             THEN now()
+                         END,
+           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
+           updated_at = now()
+      FROM acks a
+     WHERE j.id = a.id
+       AND j.lease = a.lease
+ RETURNING j.id, j.tenant_slug, j.status, j.available_at
+),
+finished AS (
+    -- One notification per (outcome, tenant) and at most 200 ids, which keeps
+    -- every payload far below Postgres' 8000-byte limit.
+    SELECT pg_notify('nexarch_job_events', json_build_object(
+               'v', 1, 'event', g.status, 'tenant', g.tenant_slug, 'ids', g.ids)::text)
+      FROM (SELECT d.status, d.tenant_slug, array_agg(d.id ORDER BY d.id) AS ids
+              FROM (SELECT id, status, tenant_slug,
+                           (row_number() OVER (PARTITION BY status, tenant_slug ORDER BY id) - 1) / 200
+                               AS chunk
+                      FROM done
+                     WHERE status IN ('succeeded', 'failed')) d
+             GROUP BY d.status, d.tenant_slug, d.chunk) g
+),
+retries AS (
+    -- Every process's sweeper learns when the earliest retry falls due.
+    SELECT pg_notify('nexarch_index_jobs', json_build_object(
+               'v', 1, 'event', 'retry_scheduled', 'ready', 0,
+               'next_due', extract(epoch FROM min(available_at)))::text)
+      FROM done
+     WHERE status = 'pending'
+    HAVING count(*) > 0
+)
+-- The two notify CTEs are plain SELECTs: Postgres evaluates them only when
+-- referenced, hence the (always true) conditions.
+SELECT d.id, d.status
+  FROM done d
+ WHERE (SELECT count(*) FROM finished) >= 0
+   AND (SELECT count(*) FROM retries) >= 0;
+
+-- name: heartbeat
+-- $1 ids, $2 leases. Returns the ids whose lease is still held.
+UPDATE mail_index_jobs j
+   SET heartbeat_at = now()
+  FROM unnest($1::bigint[], $2::uuid[]) AS a(id, lease)
+ WHERE j.id = a.id
+   AND j.lease = a.lease
+RETURNING j.id;
+
+-- name: release
+-- Shutdown: hand unfinished jobs back, refunding the attempt the claim took,
+-- and wake the workers of every process.
+WITH released AS (
+    UPDATE mail_index_jobs j
+       SET status = 'pending',
+           attempts = GREATEST(j.attempts - 1, 0),
+           available_at = now(),
+           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
+           updated_at = now()
+      FROM unnest($1::bigint[], $2::uuid[]) AS a(id, lease)
+     WHERE j.id = a.id
+       AND j.lease = a.lease
+ RETURNING j.id
+),
+wake AS (
+    SELECT pg_notify('nexarch_index_jobs', json_build_object(
+               'v', 1, 'event', 'released', 'ready', count(*),
+               'first_id', min(id), 'last_id', max(id), 'next_due', NULL)::text)
+      FROM released
+    HAVING count(*) > 0
+)
+SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
+
+-- name: reclaim_stale
+-- $1 stale-after seconds. A lease whose heartbeat is older than that belongs
+-- to a dead worker (a live one heartbeats several times per period). The
+-- attempt it used counts: a message that kills its worker every time ends
+-- 'failed' after max_attempts instead of looping forever.
+WITH stale AS (
+    SELECT id
+      FROM mail_index_jobs
+     WHERE status = 'processing'
+       AND heartbeat_at < now() - $1 * interval '1 second'
+       FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    UPDATE mail_index_jobs j
+       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
+           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
+           last_error = format('lease held by %s expired: no heartbeat for %s s, worker presumed dead',
+                               j.locked_by, $1),
+           available_at = now(),
+           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
+           updated_at = now()
+      FROM stale s
+     WHERE j.id = s.id
+ RETURNING j.id, j.status, j.tenant_slug
+),
+wake AS (
+    SELECT pg_notify('nexarch_index_jobs', json_build_object(
+               'v', 1, 'event', 'reclaimed', 'ready', count(*),
+               'first_id', min(id), 'last_id', max(id), 'next_due', NULL)::text)
+      FROM moved
+     WHERE status = 'pending'
+    HAVING count(*) > 0
+),
+finished AS (
+    SELECT pg_notify('nexarch_job_events', json_build_object(
+               'v', 1, 'event', 'failed', 'tenant', g.tenant_slug, 'ids', g.ids)::text)
+      FROM (SELECT tenant_slug, array_agg(id ORDER BY id) AS ids
+              FROM (SELECT id, tenant_slug,
+                           (row_number() OVER (PARTITION BY tenant_slug ORDER BY id) - 1) / 200 AS chunk
+                      FROM moved
+                     WHERE status = 'failed') f
+             GROUP BY tenant_slug, chunk) g
+)
+SELECT m.id, m.status
+  FROM moved m
+ WHERE (SELECT count(*) FROM wake) >= 0
+   AND (SELECT count(*) FROM finished) >= 0;
+
+-- name: schedule
+-- What the sweeper sleeps until: the earliest future retry and the oldest
+-- heartbeat. Both are index range scans that stop at the first row.
+SELECT (SELECT min(available_at) FROM mail_index_jobs
+         WHERE status = 'pending' AND available_at > now()) AS next_due,
+       (SELECT min(heartbeat_at) FROM mail_index_jobs
+         WHERE status = 'processing') AS oldest_heartbeat,
+       now() AS db_now;
+
+-- name: status
+-- $1 id, $2 tenant or NULL (NULL = operator scope, any tenant).
+SELECT id, job_type, tenant_slug, message_id, status, attempts, max_attempts,
+       available_at, locked_by, last_error, created_at, updated_at, finished_at
+  FROM mail_index_jobs
+ WHERE id = $1
+   AND ($2::text IS NULL OR tenant_slug = $2);
+
+-- name: requeue_failed
+-- $1 id or NULL, $2 tenant or NULL, $3 job type or NULL.
+-- A failed job that a newer job of the same (tenant, message) has already
+-- overtaken stays failed: running it now would undo the newer job's effect
+-- (an index re-run after a later delete). Those come back as 'superseded'.
+WITH target AS (
+    SELECT j.id,
+           EXISTS (SELECT 1 FROM mail_index_jobs newer
+                    WHERE newer.tenant_slug = j.tenant_slug
+                      AND newer.message_id = j.message_id
+                      AND newer.id > j.id) AS superseded
+      FROM mail_index_jobs j
+     WHERE j.status = 'failed'
+       AND ($1::bigint IS NULL OR j.id = $1)
+       AND ($2::text IS NULL OR j.tenant_slug = $2)
+       AND ($3::text IS NULL OR j.job_type = $3)
+       FOR UPDATE SKIP LOCKED
+),
+moved AS (
+    UPDATE mail_index_jobs j
+       SET status = 'pending', attempts = 0, available_at = now(),
+           finished_at = NULL, updated_at = now()
+      FROM target t
+     WHERE j.id = t.id
+       AND NOT t.superseded
+ RETURNING j.id
+),
+wake AS (
+    SELECT pg_notify('nexarch_index_jobs', json_build_object(
+               'v', 1, 'event', 'requeued', 'ready', count(*),
+               'first_id', min(id), 'last_id', max(id), 'next_due', NULL)::text)
+      FROM moved
+    HAVING count(*) > 0
+)
+SELECT t.id, NOT t.superseded AS requeued
+  FROM target t
+ WHERE (SELECT count(*) FROM wake) >= 0
+   AND (SELECT count(*) FROM moved) >= 0
+ ORDER BY t.id;
+
+-- name: stats
+-- Counts per status and the age of the oldest ready job. The counts scan
+-- the table; this is an operator query, not a hot path.
+SELECT (SELECT coalesce(json_object_agg(status, n), '{}'::json)::text
+          FROM (SELECT status, count(*) AS n FROM mail_index_jobs GROUP BY status) s) AS counts,
+       (SELECT extract(epoch FROM now() - min(available_at))
+          FROM mail_index_jobs
+         WHERE status = 'pending' AND available_at <= now()) AS oldest_ready_age_s;
+
+-- name: ready_count
+-- How many jobs are ready now, counted up to $1 (enough to know how many
+-- idle workers to wake).
+SELECT count(*) AS n
+  FROM (SELECT 1 FROM mail_index_jobs
+         WHERE status = 'pending' AND available_at <= now()
+         LIMIT $1) ready;

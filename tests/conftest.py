@@ -1,0 +1,118 @@
+"""Fixtures shared by every layer of tests.
+
+Postgres is always real: ``NEXARCH_TEST_DATABASE_URL`` (a server URL whose
+user may create databases), or else an embedded throwaway server started for
+the session. Each test gets its own database, cloned from a template that
+holds the migrated schema.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from nexarch_events.aio import Database, execute_sync, open_loop
+from nexarch_events.aio import run as aio_run
+from nexarch_events.embedded import EmbeddedPostgres
+from nexarch_events.migrations import migrate
+from nexarch_events.queue import Queue
+from nexarch_events.settings import QueueSettings
+
+
+@dataclass
+class PgServer:
+    admin_url: str
+    embedded: EmbeddedPostgres | None
+
+    def url(self, database: str) -> str:
+        parts = urlsplit(self.admin_url)
+        return urlunsplit(parts._replace(path="/" + database))
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+    url = os.environ.get("NEXARCH_TEST_DATABASE_URL")
+    if url:
+        yield PgServer(url, None)
+        return
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
+    server.start()
+    try:
+        yield PgServer(server.url(), server)
+    finally:
+        server.stop("immediate")
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: PgServer) -> Iterator[str]:
+    name = f"nexarch_tmpl_{uuid.uuid4().hex[:10]}"
+    execute_sync(pg_server.admin_url, [f'CREATE DATABASE "{name}"'])
+
+    async def apply() -> None:
+        async with Database.open(pg_server.url(name)) as db:
+            await migrate(db)
+
+    aio_run(apply)
+    yield name
+    execute_sync(pg_server.admin_url, [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'])
+
+
+def create_database(pg_server: PgServer, template: str) -> str:
+    name = f"nexarch_t_{uuid.uuid4().hex[:12]}"
+    execute_sync(pg_server.admin_url, [f'CREATE DATABASE "{name}" TEMPLATE "{template}"'])
+    return name
+
+
+@pytest.fixture
+def database_url(pg_server: PgServer, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database for this test alone."""
+    name = create_database(pg_server, template_db)
+    yield pg_server.url(name)
+    execute_sync(pg_server.admin_url, [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'])
+
+
+@pytest.fixture
+def empty_database_url(pg_server: PgServer) -> Iterator[str]:
+    """A fresh database with no schema at all (for migration tests)."""
+    name = f"nexarch_e_{uuid.uuid4().hex[:12]}"
+    execute_sync(pg_server.admin_url, [f'CREATE DATABASE "{name}"'])
+    yield pg_server.url(name)
+    execute_sync(pg_server.admin_url, [f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'])
+
+
+@pytest.fixture
+async def aio_loop() -> AsyncIterator[None]:
+    """The asyncio loop asyncpg runs in (trio-asyncio), for this test."""
+    async with open_loop():
+        yield
+
+
+@pytest.fixture
+async def db(aio_loop: None, database_url: str) -> AsyncIterator[Database]:
+    async with Database.open(database_url, max_size=20) as database:
+        yield database
+
+
+@pytest.fixture
+def fast_settings() -> QueueSettings:
+    """Short timeouts so crash and retry tests run in seconds."""
+    return QueueSettings(workers=4, batch_size=50, stale_after=2.0, heartbeat_interval=0.3,
+                         backoff_base=0.2, backoff_cap=3, drain_interval=30.0,
+                         shutdown_grace=2.0, listener_ping_interval=0.5,
+                         listener_ping_timeout=0.5, reconnect_min=0.05, reconnect_max=0.5)
+
+
+@pytest.fixture
+def queue(db: Database, fast_settings: QueueSettings) -> Queue:
+    return Queue(db, fast_settings)
+
+
+@pytest.fixture
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
