@@ -81,8 +81,10 @@ def encode_payload(payload: object) -> str:
             f"payload must be a JSON object (a mapping), got {type(payload).__name__}")
     try:
         # allow_nan=False: NaN/Infinity are not JSON and jsonb rejects them.
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False,
-                          separators=(",", ":"))
+        # Default separators (", ", ": ") and raw UTF-8 are how jsonb prints a
+        # value, so the size measured here is the size the table's CHECK
+        # measures (octet_length(payload::text)).
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidJobError(f"payload is not serializable as JSON: {exc}") from exc
     if _contains_nul(payload):

@@ -34,7 +34,7 @@ WITH candidates AS (
                 AND older.id < j.id
                 AND older.status IN ('pending', 'processing'))
      ORDER BY j.available_at, j.id
-     LIMIT $1
+     LIMIT $1::int
        -- Guarantee 2: concurrent claimers skip rows another claim holds.
        FOR UPDATE SKIP LOCKED
 )
@@ -54,7 +54,8 @@ RETURNING j.id, j.job_type, j.tenant_slug, j.message_id, j.payload::text AS payl
 -- name: ack
 -- One statement acknowledges a whole batch, successes and failures alike.
 -- $1 ids, $2 leases, $3 errors (NULL = success), $4 permanent flags,
--- $5 backoff base seconds, $6 backoff cap (attempts).
+-- $5 backoff base seconds, $6 backoff cap (attempts). Typed explicitly: left to
+-- inference, $5 would be an integer (int * $5) and 0.5 s would become 0.
 -- A row whose lease no longer matches (taken over after a stale heartbeat)
 -- is not touched and not returned: the caller counts it as a refused ack.
 WITH acks AS (
@@ -73,7 +74,7 @@ done AS (
            available_at = CASE
                               WHEN a.error IS NOT NULL AND NOT a.permanent
                                    AND j.attempts < j.max_attempts
-                              THEN now() + LEAST(j.attempts, $6) * $5 * interval '1 second'
+                              THEN now() + LEAST(j.attempts, $6::int) * $5::float8 * interval '1 second'
                               ELSE j.available_at
                           END,
            last_error = COALESCE(a.error, j.last_error),
@@ -160,7 +161,7 @@ WITH stale AS (
     SELECT id
       FROM mail_index_jobs
      WHERE status = 'processing'
-       AND heartbeat_at < now() - $1 * interval '1 second'
+       AND heartbeat_at < now() - $1::float8 * interval '1 second'
        FOR UPDATE SKIP LOCKED
 ),
 moved AS (
@@ -168,7 +169,7 @@ moved AS (
        SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
            finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
            last_error = format('lease held by %s expired: no heartbeat for %s s, worker presumed dead',
-                               j.locked_by, $1),
+                               j.locked_by, $1::float8),
            available_at = now(),
            lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
            updated_at = now()
@@ -271,4 +272,4 @@ SELECT (SELECT coalesce(json_object_agg(status, n), '{}'::json)::text
 SELECT count(*) AS n
   FROM (SELECT 1 FROM mail_index_jobs
          WHERE status = 'pending' AND available_at <= now()
-         LIMIT $1) ready;
+         LIMIT $1::int) ready;

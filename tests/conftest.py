@@ -9,6 +9,8 @@ holds the migrated schema.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -35,18 +37,46 @@ class PgServer:
         return urlunsplit(parts._replace(path="/" + database))
 
 
+def server_dir() -> Path:
+    """A folder for a throwaway Postgres cluster.
+
+    Not under pytest's tmp_path: as root the server runs as another user, and
+    pytest re-applies mode 0700 to /tmp/pytest-of-root whenever a pytest run
+    starts, which would lock a running server out of its own data.
+    """
+    path = Path(tempfile.mkdtemp(prefix="nexarch-test-pg-"))
+    path.chmod(0o711)
+    return path
+
+
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PgServer]:
+def pg_server() -> Iterator[PgServer]:
     url = os.environ.get("NEXARCH_TEST_DATABASE_URL")
     if url:
         yield PgServer(url, None)
         return
-    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", durable=False)
+    folder = server_dir()
+    server = EmbeddedPostgres(folder / "data", durable=False)
     server.start()
     try:
         yield PgServer(server.url(), server)
     finally:
         server.stop("immediate")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def private_pg() -> Iterator[EmbeddedPostgres]:
+    """A Postgres server of this test's own, for tests that restart or stop
+    it (never the shared server), whatever NEXARCH_TEST_DATABASE_URL says."""
+    folder = server_dir()
+    server = EmbeddedPostgres(folder / "data", durable=False)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

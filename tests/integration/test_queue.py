@@ -1,0 +1,594 @@
+"""The queue's semantics against real Postgres (seed: indexworker/queue.go)."""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import timedelta
+
+import pytest
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.errors import InvalidJobError, JobNotFound, NoJobAvailable
+from nexarch_events.models import (
+    MAX_PAYLOAD_BYTES,
+    Failure,
+    JobStatus,
+    JobType,
+    NewJob,
+)
+from nexarch_events.notify import (
+    INDEX_JOBS_CHANNEL,
+    JOB_EVENTS_CHANNEL,
+    RESYNC,
+    Listener,
+    Notification,
+    Subscription,
+)
+from nexarch_events.queue import Queue
+from nexarch_events.settings import QueueSettings
+
+
+async def count_rows(db: Database) -> int:
+    return int(await db.fetchval("SELECT count(*) FROM mail_index_jobs"))
+
+
+# -- the seed's API -------------------------------------------------------------
+
+async def test_enqueue_index_and_status(queue: Queue) -> None:
+    job_id = await queue.enqueue_index("acme", "<m1@example.org>", {"subject": "Rechnung"})
+    job = await queue.status(job_id)
+    assert job.id == job_id
+    assert job.job_type is JobType.INDEX
+    assert (job.tenant_slug, job.message_id) == ("acme", "<m1@example.org>")
+    assert job.status is JobStatus.PENDING
+    assert (job.attempts, job.max_attempts) == (0, 5)
+    assert job.last_error is None
+
+
+async def test_enqueue_delete_has_empty_payload(queue: Queue, db: Database) -> None:
+    job_id = await queue.enqueue_delete("acme", "m1")
+    payload = await db.fetchval("SELECT payload::text FROM mail_index_jobs WHERE id = $1", job_id)
+    assert json.loads(payload) == {}
+    assert (await queue.status(job_id)).job_type is JobType.DELETE
+
+
+async def test_no_job_available_and_not_found_are_distinct(queue: Queue) -> None:
+    with pytest.raises(NoJobAvailable):
+        await queue.dequeue("w")
+    with pytest.raises(JobNotFound):
+        await queue.status(12345)
+    assert not issubclass(NoJobAvailable, JobNotFound)
+    assert not issubclass(JobNotFound, NoJobAvailable)
+
+
+async def test_dequeue_marks_processing_and_counts_the_attempt(queue: Queue) -> None:
+    job_id = await queue.enqueue_index("acme", "m1", {"a": 1})
+    job = await queue.dequeue("worker-1")
+    assert job.id == job_id and job.payload == {"a": 1} and job.attempts == 1
+    status = await queue.status(job_id)
+    assert status.status is JobStatus.PROCESSING
+    assert status.locked_by == "worker-1"
+    with pytest.raises(NoJobAvailable):
+        await queue.dequeue("worker-2")
+
+
+async def test_complete(queue: Queue) -> None:
+    await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    result = await queue.complete([job])
+    assert result.statuses == {job.id: JobStatus.SUCCEEDED} and result.refused == ()
+    status = await queue.status(job.id)
+    assert status.status is JobStatus.SUCCEEDED and status.finished_at is not None
+    assert status.locked_by is None
+
+
+async def test_status_is_scoped_to_a_tenant_when_asked(queue: Queue) -> None:
+    job_id = await queue.enqueue_index("tenant-a", "m1", {})
+    assert (await queue.status(job_id, tenant_slug="tenant-a")).id == job_id
+    with pytest.raises(JobNotFound):
+        await queue.status(job_id, tenant_slug="tenant-b")
+
+
+# -- retries, backoff, max attempts -----------------------------------------------
+
+async def test_failure_backs_off_by_the_seed_formula(db: Database) -> None:
+    queue = Queue(db, QueueSettings(backoff_base=10.0, backoff_cap=10))
+    await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    before = await db.fetchval("SELECT now()")
+    result = await queue.fail(job, "index unreachable")
+    assert result.statuses == {job.id: JobStatus.PENDING}
+    row = await db.fetchrow("SELECT available_at, last_error, attempts FROM mail_index_jobs")
+    assert row is not None
+    assert row["last_error"] == "index unreachable"
+    delay = (row["available_at"] - before).total_seconds()
+    # attempts = 1 -> min(1, 10) * 10 s
+    assert 9.9 <= delay <= 11, delay
+    with pytest.raises(NoJobAvailable):
+        await queue.dequeue("w")  # not due yet
+
+
+async def test_backoff_is_capped(db: Database) -> None:
+    # A fractional base: Postgres once inferred the parameter as an integer
+    # and truncated 0.5 s to 0 (no backoff at all).
+    queue = Queue(db, QueueSettings(backoff_base=0.5, backoff_cap=2))
+    job_id = await queue.enqueue_index("acme", "m1", {}, max_attempts=10)
+    delays = []
+    for _ in range(4):
+        await db.execute("UPDATE mail_index_jobs SET available_at = now() WHERE id = $1", job_id)
+        job = await queue.dequeue("w")
+        now = await db.fetchval("SELECT now()")
+        await queue.fail(job, "still down")
+        due = await db.fetchval("SELECT available_at FROM mail_index_jobs WHERE id = $1", job_id)
+        delays.append(round((due - now).total_seconds(), 1))
+    assert delays == [0.5, 1.0, 1.0, 1.0]
+
+
+async def test_failed_after_max_attempts_keeps_last_error(queue: Queue, db: Database) -> None:
+    job_id = await queue.enqueue_index("acme", "m1", {}, max_attempts=3)
+    for attempt in range(1, 4):
+        await db.execute("UPDATE mail_index_jobs SET available_at = now() WHERE id = $1", job_id)
+        job = await queue.dequeue("w")
+        assert job.attempts == attempt
+        result = await queue.fail(job, f"error {attempt}")
+    assert result.statuses == {job_id: JobStatus.FAILED}
+    status = await queue.status(job_id)
+    assert status.status is JobStatus.FAILED
+    assert status.attempts == 3 and status.last_error == "error 3"
+    assert status.finished_at is not None
+    await db.execute("UPDATE mail_index_jobs SET available_at = now() - interval '1 hour'")
+    with pytest.raises(NoJobAvailable):
+        await queue.dequeue("w")
+
+
+async def test_permanent_failure_skips_retries(queue: Queue) -> None:
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    await queue.ack([(job, Failure("malformed MIME: no header/body separator", permanent=True))])
+    status = await queue.status(job_id)
+    assert status.status is JobStatus.FAILED and status.attempts == 1
+    assert status.last_error == "malformed MIME: no header/body separator"
+
+
+async def test_long_errors_are_clipped_and_nul_is_escaped(queue: Queue) -> None:
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    await queue.fail(job, "bad\x00byte " + "x" * 10_000, permanent=True)
+    error = (await queue.status(job_id)).last_error
+    assert error is not None and error.startswith("bad\\0byte ")
+    assert len(error) < 4100 and error.endswith("characters cut]")
+
+
+# -- operators: re-queue and statistics ---------------------------------------------
+
+async def _fail_permanently(queue: Queue, tenant: str, message_id: str,
+                            job_type: JobType = JobType.INDEX) -> int:
+    if job_type is JobType.INDEX:
+        job_id = await queue.enqueue_index(tenant, message_id, {})
+    else:
+        job_id = await queue.enqueue_delete(tenant, message_id)
+    job = await queue.dequeue("w")
+    assert job.id == job_id
+    await queue.fail(job, "boom", permanent=True)
+    return job_id
+
+
+async def test_requeue_one_failed_job(queue: Queue) -> None:
+    job_id = await _fail_permanently(queue, "acme", "m1")
+    result = await queue.requeue(job_id)
+    assert result.requeued == (job_id,)
+    status = await queue.status(job_id)
+    assert status.status is JobStatus.PENDING and status.attempts == 0
+    assert status.last_error == "boom"  # history stays until the next outcome
+    assert (await queue.dequeue("w")).id == job_id
+
+
+async def test_requeue_unknown_or_unfailed_job_is_not_found(queue: Queue) -> None:
+    pending = await queue.enqueue_index("acme", "m1", {})
+    with pytest.raises(JobNotFound):
+        await queue.requeue(pending)
+    with pytest.raises(JobNotFound):
+        await queue.requeue(999_999)
+
+
+async def test_requeue_by_filter(queue: Queue) -> None:
+    a1 = await _fail_permanently(queue, "tenant-a", "m1")
+    a2 = await _fail_permanently(queue, "tenant-a", "m2", JobType.DELETE)
+    b1 = await _fail_permanently(queue, "tenant-b", "m1")
+    result = await queue.requeue_failed(tenant_slug="tenant-a", job_type=JobType.INDEX)
+    assert result.requeued == (a1,)
+    result = await queue.requeue_failed()
+    assert set(result.requeued) == {a2, b1}
+
+
+async def test_requeue_refuses_a_job_a_newer_job_overtook(queue: Queue) -> None:
+    # An index failed for good, then the message was deleted: re-running the
+    # index now would resurrect a deleted message in the search index.
+    index_id = await _fail_permanently(queue, "acme", "m1")
+    delete_id = await queue.enqueue_delete("acme", "m1")
+    job = await queue.dequeue("w")
+    assert job.id == delete_id
+    await queue.complete([job])
+    result = await queue.requeue_failed()
+    assert result.requeued == () and result.superseded == (index_id,)
+    assert (await queue.status(index_id)).status is JobStatus.FAILED
+
+
+async def test_stats(queue: Queue, db: Database) -> None:
+    empty = await queue.stats()
+    assert empty.counts == {s: 0 for s in JobStatus} and empty.oldest_ready_age_s is None
+    await _fail_permanently(queue, "acme", "m0")
+    await queue.enqueue_index("acme", "m1", {})
+    await queue.enqueue_index("acme", "m2", {})
+    await queue.enqueue_index("acme", "m3", {}, delay_s=3600)
+    await db.execute("UPDATE mail_index_jobs SET available_at = now() - interval '90 seconds' "
+                     "WHERE message_id = 'm1'")
+    job = await queue.dequeue("w")
+    assert job.message_id == "m1"
+    await queue.complete([job])
+    await queue.dequeue("w")  # m2 -> processing
+    stats = await queue.stats()
+    assert stats.counts == {JobStatus.PENDING: 1, JobStatus.PROCESSING: 1,
+                            JobStatus.SUCCEEDED: 1, JobStatus.FAILED: 1}
+    # The only ready job is m3? No: m3 is delayed an hour, so nothing is ready.
+    assert stats.oldest_ready_age_s is None
+    await db.execute("UPDATE mail_index_jobs SET available_at = now() - interval '30 seconds' "
+                     "WHERE message_id = 'm3'")
+    stats = await queue.stats()
+    assert stats.oldest_ready_age_s is not None and 29 <= stats.oldest_ready_age_s <= 40
+
+
+# -- bulk enqueue and batch claim --------------------------------------------------
+
+async def test_bulk_enqueue_returns_ids_in_input_order(queue: Queue, db: Database) -> None:
+    jobs = [NewJob(JobType.INDEX, "acme", f"m{n}", {"n": n}) for n in range(500)]
+    ids = await queue.enqueue_many(jobs)
+    assert len(ids) == 500 and ids == sorted(ids)
+    rows = await db.fetch("SELECT id, message_id, payload::text AS p FROM mail_index_jobs")
+    by_id = {r["id"]: (r["message_id"], json.loads(r["p"])) for r in rows}
+    for n, job_id in enumerate(ids):
+        assert by_id[job_id] == (f"m{n}", {"n": n})
+
+
+async def test_bulk_enqueue_is_all_or_nothing(queue: Queue, db: Database) -> None:
+    good = NewJob(JobType.INDEX, "acme", "m1", {})
+    with pytest.raises(InvalidJobError):
+        await queue.enqueue_many([good, NewJob(JobType.INDEX, "Bad Slug", "m2", {})])
+    assert await count_rows(db) == 0
+
+
+async def test_batch_claim_takes_up_to_the_limit_in_due_order(queue: Queue) -> None:
+    ids = await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(25)])
+    first = await queue.claim(10, "w1")
+    second = await queue.claim(10, "w2")
+    third = await queue.claim(10, "w3")
+    assert [j.id for j in first] == ids[:10]
+    assert [j.id for j in second] == ids[10:20]
+    assert [j.id for j in third] == ids[20:]
+    assert len({j.lease for j in first + second + third}) == 25
+
+
+async def test_concurrent_claims_never_share_a_job(queue: Queue) -> None:
+    await queue.enqueue_many([NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(600)])
+    claimed: list[int] = []
+
+    async def claimer(name: str) -> None:
+        while jobs := await queue.claim(7, name):
+            claimed.extend(j.id for j in jobs)
+
+    async with trio.open_nursery() as nursery:
+        for n in range(8):
+            nursery.start_soon(claimer, f"w{n}")
+    assert len(claimed) == 600 and len(set(claimed)) == 600
+
+
+async def test_batched_ack_mixes_outcomes_in_one_statement(queue: Queue) -> None:
+    await queue.enqueue_many([NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(3)])
+    a, b, c = await queue.claim(3, "w")
+    result = await queue.ack([(a, None), (b, Failure("retry me")),
+                              (c, Failure("never", permanent=True))])
+    assert result.statuses == {a.id: JobStatus.SUCCEEDED, b.id: JobStatus.PENDING,
+                               c.id: JobStatus.FAILED}
+
+
+# -- leases, heartbeats, stale reclaim, zombies ---------------------------------------
+
+async def test_zombie_ack_is_refused_and_counted(queue: Queue, db: Database) -> None:
+    await queue.enqueue_index("acme", "m1", {})
+    zombie = await queue.dequeue("worker-a")
+    # worker-a stops heartbeating; its lease goes stale and is taken over.
+    await db.execute("UPDATE mail_index_jobs SET heartbeat_at = now() - interval '1 hour'")
+    assert await queue.reclaim_stale() == {zombie.id: JobStatus.PENDING}
+    successor = await queue.dequeue("worker-b")
+    assert successor.id == zombie.id and successor.lease != zombie.lease
+    assert successor.attempts == 2
+
+    refused = await queue.complete([zombie])
+    assert refused.refused == (zombie.id,) and refused.statuses == {}
+    assert await queue.fail(zombie, "late") == type(refused)({}, (zombie.id,))
+    assert await queue.heartbeat({zombie.id: zombie.lease}) == {zombie.id}
+    assert await queue.release([zombie]) == []
+    assert queue.refused_acks == 2
+    status = await queue.status(zombie.id)
+    assert status.status is JobStatus.PROCESSING and status.locked_by == "worker-b"
+
+    assert (await queue.complete([successor])).statuses == {successor.id: JobStatus.SUCCEEDED}
+
+
+async def test_heartbeat_keeps_a_live_lease(db: Database) -> None:
+    queue = Queue(db, QueueSettings(stale_after=1.0, heartbeat_interval=0.2))
+    await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    for _ in range(8):  # 1.6 s: well past stale_after
+        await trio.sleep(0.2)
+        assert await queue.heartbeat({job.id: job.lease}) == set()
+        assert await queue.reclaim_stale() == {}
+    assert (await queue.complete([job])).statuses == {job.id: JobStatus.SUCCEEDED}
+
+
+async def test_stale_lease_is_reclaimed_and_counts_the_attempt(db: Database) -> None:
+    queue = Queue(db, QueueSettings(stale_after=0.5, heartbeat_interval=0.1))
+    job_id = await queue.enqueue_index("acme", "m1", {}, max_attempts=2)
+    await queue.dequeue("dead-worker")
+    assert await queue.reclaim_stale() == {}  # not stale yet
+    await trio.sleep(0.7)
+    assert await queue.reclaim_stale() == {job_id: JobStatus.PENDING}
+    status = await queue.status(job_id)
+    assert status.attempts == 1 and status.last_error is not None
+    assert "dead-worker" in status.last_error
+    # The second crash uses the last attempt: failed, not an endless loop.
+    await queue.dequeue("dead-worker-2")
+    await trio.sleep(0.7)
+    assert await queue.reclaim_stale() == {job_id: JobStatus.FAILED}
+
+
+async def test_release_refunds_the_attempt(queue: Queue) -> None:
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    assert await queue.release([job]) == [job_id]
+    status = await queue.status(job_id)
+    assert status.status is JobStatus.PENDING and status.attempts == 0
+    assert (await queue.dequeue("w")).id == job_id
+
+
+# -- guarantee 3: per-message order -----------------------------------------------
+
+async def test_delete_after_index_waits_for_the_index(db: Database) -> None:
+    queue = Queue(db, QueueSettings(backoff_base=60.0))
+    index_id = await queue.enqueue_index("acme", "m1", {})
+    delete_id = await queue.enqueue_delete("acme", "m1")
+    other_id = await queue.enqueue_index("acme", "m2", {})
+    jobs = await queue.claim(10, "w")
+    assert [j.id for j in jobs] == [index_id, other_id]  # the delete waits
+    index_job = jobs[0]
+    await queue.fail(index_job, "index down")  # retry scheduled
+    await queue.complete([jobs[1]])
+    # While the index waits for its retry, the delete must not overtake it.
+    assert await queue.claim(10, "w") == []
+    await queue.db.execute("UPDATE mail_index_jobs SET available_at = now() "
+                           "WHERE id = $1", index_id)
+    retried = await queue.claim(10, "w")
+    assert [j.id for j in retried] == [index_id]
+    await queue.complete(retried)
+    last = await queue.claim(10, "w")
+    assert [j.id for j in last] == [delete_id]
+
+
+async def test_failed_job_unblocks_the_next_of_its_message(queue: Queue) -> None:
+    index_id = await _fail_permanently(queue, "acme", "m1")
+    delete_id = await queue.enqueue_delete("acme", "m1")
+    assert [j.id for j in await queue.claim(10, "w")] == [delete_id]
+    assert index_id < delete_id
+
+
+async def test_same_message_id_in_another_tenant_is_independent(queue: Queue) -> None:
+    a = await queue.enqueue_index("tenant-a", "m1", {})
+    b = await queue.enqueue_index("tenant-b", "m1", {})
+    assert [j.id for j in await queue.claim(10, "w")] == [a, b]
+
+
+async def test_many_concurrent_workers_keep_per_message_order(queue: Queue) -> None:
+    """Guarantee 3 under concurrency and retries: for every message the
+    effects happen in enqueue order, whichever worker runs them."""
+    messages = [f"m{n}" for n in range(40)]
+    jobs = []
+    for round_ in range(3):
+        for m in messages:
+            kind = JobType.DELETE if round_ == 1 else JobType.INDEX
+            jobs.append(NewJob(kind, "acme", m, {} if kind is JobType.DELETE else {"r": round_}))
+    ids = await queue.enqueue_many(jobs)
+    effects: dict[str, list[int]] = {m: [] for m in messages}
+    failed_once: set[int] = set()
+
+    async def worker(name: str) -> None:
+        idle = 0
+        while idle < 20:
+            claimed = await queue.claim(5, name)
+            if not claimed:
+                idle += 1
+                await queue.db.execute(
+                    "UPDATE mail_index_jobs SET available_at = now() "
+                    "WHERE status = 'pending' AND available_at > now()")
+                await trio.sleep(0.01)
+                continue
+            idle = 0
+            outcomes = []
+            for job in claimed:
+                if job.id % 3 == 0 and job.id not in failed_once:
+                    failed_once.add(job.id)  # every third job fails once
+                    outcomes.append((job, Failure("transient")))
+                else:
+                    effects[job.message_id].append(job.id)
+                    outcomes.append((job, None))
+                await trio.sleep(0)
+            await queue.ack(outcomes)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for n in range(6):
+                nursery.start_soon(worker, f"w{n}")
+    id_of = dict(zip(ids, jobs, strict=True))
+    for m in messages:
+        expected = sorted(i for i, job in id_of.items() if job.message_id == m)
+        assert effects[m] == expected, m
+    assert failed_once
+
+
+# -- bad input: a clear error, nothing written ---------------------------------------
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"job_type": "reindex"}, "unknown job type 'reindex'"),
+    ({"tenant_slug": ""}, "tenant slug is empty"),
+    ({"tenant_slug": "a" * 64}, "limit is 63"),
+    ({"tenant_slug": "Acme Corp"}, "is invalid"),
+    ({"tenant_slug": "-acme"}, "is invalid"),
+    ({"tenant_slug": "acme_corp"}, "is invalid"),
+    ({"message_id": ""}, "message id is empty"),
+    ({"message_id": "x" * 999}, "limit is 998"),
+    ({"message_id": "a\x00b"}, "NUL"),
+    ({"payload": ["not", "an", "object"]}, "must be a JSON object"),
+    ({"payload": {"body": "nul \x00 inside"}}, "NUL"),
+    ({"payload": {"n\x00": 1}}, "NUL"),
+    ({"payload": {"x": math.nan}}, "not serializable"),
+    ({"payload": {"x": object()}}, "not serializable"),
+    ({"payload": {"x": "\udcff"}}, "not valid Unicode"),
+    ({"payload": {"body": "x" * MAX_PAYLOAD_BYTES}}, "the limit is 1048576"),
+    ({"max_attempts": 0}, "max_attempts"),
+    ({"delay_s": -1}, "delay"),
+])
+async def test_bad_jobs_are_rejected_and_write_nothing(
+        queue: Queue, db: Database, kwargs: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"job_type": "index", "tenant_slug": "acme",
+                                 "message_id": "m1", "payload": {}}
+    fields.update(kwargs)
+    with pytest.raises(InvalidJobError, match=message.replace("(", r"\(")):
+        job = NewJob(**fields)  # type: ignore[arg-type]
+        await queue.enqueue_many([job])
+    assert await count_rows(db) == 0
+
+
+async def test_payload_just_under_the_limit_is_accepted(queue: Queue) -> None:
+    body = "x" * (MAX_PAYLOAD_BYTES - len('{"body": ""}'))
+    job_id = await queue.enqueue_index("acme", "m1", {"body": body})
+    assert (await queue.dequeue("w")).payload["body"] == body
+    assert job_id
+
+
+async def test_plain_sql_producers_are_held_to_the_same_rules(db: Database) -> None:
+    from nexarch_events.errors import DatabaseError
+
+    bad_rows = [
+        "('reindex', 'acme', 'm1', '{}')",
+        "('index', 'Bad Slug', 'm1', '{}')",
+        "('index', 'acme', '', '{}')",
+        "('index', 'acme', 'm1', '[1, 2]')",
+    ]
+    for values in bad_rows:
+        with pytest.raises(DatabaseError) as info:
+            await db.execute("INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, "
+                             f"payload) VALUES {values}")
+        assert info.value.sqlstate == "23514", values  # check_violation
+        assert info.value.constraint and info.value.constraint.startswith("mail_index_jobs_")
+    assert await count_rows(db) == 0
+
+
+# -- notifications (the event contract, docs/events.md) -----------------------------
+
+async def _next_notification(sub: Subscription) -> Notification:
+    with trio.fail_after(10):
+        while True:
+            event = await sub.receive()
+            if event is not RESYNC:
+                assert isinstance(event, Notification)
+                return event
+
+
+async def _no_more_notifications(sub: Subscription, wait: float = 0.3) -> None:
+    with trio.move_on_after(wait):
+        event = await sub.receive()
+        raise AssertionError(f"unexpected notification: {event}")
+
+
+async def test_enqueue_notifies_once_per_statement(queue: Queue, db: Database,
+                                                   fast_settings: QueueSettings) -> None:
+    listener = Listener(db.dsn, fast_settings)
+    sub = listener.subscribe(INDEX_JOBS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        ids = await queue.enqueue_many(
+            [NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(1000)]
+            + [NewJob(JobType.INDEX, "acme", "later", {}, delay_s=120)])
+        note = await _next_notification(sub)
+        assert note.channel == INDEX_JOBS_CHANNEL
+        data = json.loads(note.payload)
+        assert data["v"] == 1 and data["event"] == "enqueued"
+        assert data["ready"] == 1000
+        assert (data["first_id"], data["last_id"]) == (ids[0], ids[-1])
+        assert data["next_due"] is not None
+        assert len(note.payload.encode()) < 200
+        await _no_more_notifications(sub)
+
+        # A plain SQL INSERT by another program wakes workers too.
+        await db.execute("INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id) "
+                         "VALUES ('delete', 'acme', 'm7')")
+        data = json.loads((await _next_notification(sub)).payload)
+        assert data["event"] == "enqueued" and data["ready"] == 1
+        assert data["next_due"] is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_acks_announce_outcomes_per_tenant_in_small_chunks(
+        queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
+    listener = Listener(db.dsn, fast_settings)
+    events = listener.subscribe(JOB_EVENTS_CHANNEL)
+    wake = listener.subscribe(INDEX_JOBS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        await queue.enqueue_many(
+            [NewJob(JobType.INDEX, "tenant-a", f"m{n}", {}) for n in range(450)]
+            + [NewJob(JobType.INDEX, "tenant-b", "m1", {}) for _ in range(1)]
+            + [NewJob(JobType.INDEX, "tenant-b", f"x{n}", {}) for n in range(2)])
+        jobs = await queue.claim(1000, "w")
+        b_jobs = [j for j in jobs if j.tenant_slug == "tenant-b"]
+        outcomes: list[tuple[object, Failure | None]] = [
+            (j, None) for j in jobs if j.tenant_slug == "tenant-a"]
+        outcomes += [(b_jobs[0], Failure("bad", permanent=True)),
+                     (b_jobs[1], Failure("again later")), (b_jobs[2], None)]
+        await queue.ack(outcomes)  # type: ignore[arg-type]
+
+        received = []
+        for _ in range(5):  # 3 chunks for tenant-a, 1 success + 1 failure for tenant-b
+            received.append(json.loads((await _next_notification(events)).payload))
+        await _no_more_notifications(events)
+        a_ids = [i for d in received if d["tenant"] == "tenant-a" for i in d["ids"]]
+        assert sorted(a_ids) == sorted(j.id for j in jobs if j.tenant_slug == "tenant-a")
+        assert all(len(d["ids"]) <= 200 for d in received)
+        assert {(d["event"], d["tenant"], tuple(d["ids"])) for d in received
+                if d["tenant"] == "tenant-b"} == {
+            ("failed", "tenant-b", (b_jobs[0].id,)), ("succeeded", "tenant-b", (b_jobs[2].id,))}
+        assert all(set(d) == {"v", "event", "tenant", "ids"} for d in received)
+
+        # The retry is announced on the index channel with its due time.
+        while True:
+            data = json.loads((await _next_notification(wake)).payload)
+            if data["event"] == "retry_scheduled":
+                break
+        due = await db.fetchval("SELECT extract(epoch FROM available_at) FROM mail_index_jobs "
+                                "WHERE id = $1", b_jobs[1].id)
+        assert data["next_due"] == pytest.approx(float(due), abs=1e-3)
+        nursery.cancel_scope.cancel()
+
+
+async def test_schedule_reports_next_retry_and_oldest_heartbeat(queue: Queue) -> None:
+    next_due, oldest, now = await queue.schedule()
+    assert next_due is None and oldest is None
+    await queue.enqueue_index("acme", "m1", {}, delay_s=30)
+    await queue.enqueue_index("acme", "m2", {})
+    await queue.dequeue("w")
+    next_due, oldest, now = await queue.schedule()
+    assert next_due is not None and oldest is not None
+    assert timedelta(seconds=29) < next_due - now <= timedelta(seconds=31)
+    assert oldest <= now

@@ -1,0 +1,216 @@
+"""Workers, wake-ups and the sweeper, in one process against real Postgres.
+
+drain_interval is long (60 s) in these tests: whatever finishes in a few
+seconds was woken by a notification or by the sweeper's due-time timer, not
+by the safety net.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.errors import ConfigurationError, JobFailed
+from nexarch_events.models import ClaimedJob, Failure, JobId, JobStatus, JobType, NewJob
+from nexarch_events.queue import Queue
+from nexarch_events.service import QueueService
+from nexarch_events.settings import QueueSettings, Settings
+from nexarch_events.worker import WorkerPool, per_job
+
+
+class Recorder:
+    """A handler that records what it ran; behaviour per job from its payload."""
+
+    def __init__(self) -> None:
+        self.ran: list[int] = []
+        self.started = trio.Event()
+        self.release = trio.Event()
+
+    async def handle(self, job: ClaimedJob) -> None:
+        behaviour = job.payload.get("do")
+        if behaviour == "block":
+            self.started.set()
+            await self.release.wait()
+        elif behaviour == "fail-once" and job.attempts == 1:
+            raise RuntimeError("transient outage")
+        elif behaviour == "poison":
+            raise JobFailed("cannot parse this message", permanent=True)
+        self.ran.append(job.id)
+
+    def handlers(self) -> dict[str, object]:
+        batch = per_job(self.handle)
+        return {"index": batch, "delete": batch}
+
+
+@pytest.fixture
+def settings(fast_settings: QueueSettings) -> Settings:
+    return Settings(queue=fast_settings).with_queue(drain_interval=60.0)
+
+
+@pytest.fixture
+async def running(db: Database, settings: Settings) -> AsyncIterator[tuple[QueueService, Recorder]]:
+    recorder = Recorder()
+    service = QueueService(db, settings, recorder.handlers())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        yield service, recorder
+        nursery.cancel_scope.cancel()
+
+
+async def wait_status(queue: Queue, job_id: int, status: JobStatus, timeout: float = 10) -> None:
+    with trio.fail_after(timeout):
+        while (await queue.status(job_id)).status != status:
+            await trio.sleep(0.02)
+
+
+async def test_enqueue_wakes_a_worker(running: tuple[QueueService, Recorder],
+                                      queue: Queue) -> None:
+    service, recorder = running
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    await wait_status(queue, job_id, JobStatus.SUCCEEDED, timeout=5)
+    assert recorder.ran == [job_id]
+
+
+async def test_jobs_waiting_before_start_are_drained(db: Database, settings: Settings) -> None:
+    queue = Queue(db, settings.queue)
+    ids = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(30)])
+    recorder = Recorder()
+    service = QueueService(db, settings, recorder.handlers())  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await wait_status(queue, ids[-1], JobStatus.SUCCEEDED)
+        with trio.fail_after(5):
+            while len(recorder.ran) < 30:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert sorted(recorder.ran) == ids
+
+
+async def test_a_notification_wakes_only_as_many_workers_as_jobs(
+        running: tuple[QueueService, Recorder], queue: Queue) -> None:
+    service, _ = running
+    wakeups = service.pool.wakeups
+    with trio.fail_after(5):
+        while wakeups.idle < service.settings.queue.workers:
+            await trio.sleep(0.01)
+    woken_before = service.pool.stats.claimed
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    await wait_status(queue, job_id, JobStatus.SUCCEEDED)
+    with trio.fail_after(5):
+        while wakeups.idle < service.settings.queue.workers:
+            await trio.sleep(0.01)
+    assert service.pool.stats.claimed == woken_before + 1
+    # The queue counts claims that found nothing: one job, one wake-up.
+    # Three workers stayed asleep: nobody else claimed (checked via locked_by).
+    rows = await queue.db.fetch("SELECT locked_by FROM mail_index_jobs")
+    assert len(rows) == 1
+
+
+async def test_retry_falls_due_without_polling(running: tuple[QueueService, Recorder],
+                                               queue: Queue) -> None:
+    service, recorder = running
+    job_id = await queue.enqueue_index("acme", "m1", {"do": "fail-once"})
+    await wait_status(queue, job_id, JobStatus.SUCCEEDED, timeout=10)
+    job = await queue.status(job_id)
+    assert job.attempts == 2 and job.last_error == "RuntimeError: transient outage"
+    assert recorder.ran == [job_id]
+    assert service.sweeper.due_wakeups >= 1
+
+
+async def test_one_bad_job_fails_alone(running: tuple[QueueService, Recorder],
+                                       queue: Queue) -> None:
+    _, recorder = running
+    ids = await queue.enqueue_many([
+        NewJob(JobType.INDEX, "acme", "good-1", {}),
+        NewJob(JobType.INDEX, "acme", "poison", {"do": "poison"}),
+        NewJob(JobType.INDEX, "acme", "good-2", {}),
+    ])
+    await wait_status(queue, ids[1], JobStatus.FAILED)
+    for job_id in (ids[0], ids[2]):
+        await wait_status(queue, job_id, JobStatus.SUCCEEDED)
+    failed = await queue.status(ids[1])
+    assert failed.attempts == 1 and failed.last_error == "cannot parse this message"
+    # The worker is still alive and working.
+    later = await queue.enqueue_index("acme", "after", {})
+    await wait_status(queue, later, JobStatus.SUCCEEDED)
+
+
+async def test_a_handler_crash_fails_its_batch_and_the_worker_goes_on(
+        db: Database, settings: Settings) -> None:
+    calls = 0
+
+    async def explode(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ValueError("index backend exploded")
+        return {}
+
+    service = QueueService(db, settings, {"index": explode, "delete": explode})
+    queue = service.queue
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        job_id = await queue.enqueue_index("acme", "m1", {})
+        await wait_status(queue, job_id, JobStatus.SUCCEEDED, timeout=10)
+        nursery.cancel_scope.cancel()
+    job = await queue.status(job_id)
+    assert job.attempts == 2 and job.last_error == "ValueError: index backend exploded"
+
+
+async def test_graceful_shutdown_releases_unfinished_jobs(db: Database, settings: Settings) -> None:
+    recorder = Recorder()
+    service = QueueService(db, settings, recorder.handlers())  # type: ignore[arg-type]
+    queue = service.queue
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        slow = await queue.enqueue_index("acme", "slow", {"do": "block"})
+        with trio.fail_after(5):
+            await recorder.started.wait()
+        with trio.fail_after(10):
+            await service.shutdown(grace=0.3)
+            # run() returns by itself once the workers are done.
+    job = await queue.status(slow)
+    assert job.status is JobStatus.PENDING and job.attempts == 0
+    assert service.pool.stats.released == 1
+    assert await db.fetchval("SELECT count(*) FROM mail_index_jobs "
+                             "WHERE status = 'processing'") == 0
+
+
+async def test_cancellation_releases_in_flight_jobs(db: Database, settings: Settings) -> None:
+    recorder = Recorder()
+    service = QueueService(db, settings, recorder.handlers())  # type: ignore[arg-type]
+    queue = service.queue
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        slow = await queue.enqueue_index("acme", "slow", {"do": "block"})
+        with trio.fail_after(5):
+            await recorder.started.wait()
+        nursery.cancel_scope.cancel()
+    job = await queue.status(slow)
+    assert job.status is JobStatus.PENDING and job.attempts == 0
+
+
+async def test_shutdown_lets_a_job_finish_within_the_grace(db: Database, settings: Settings) -> None:
+    recorder = Recorder()
+    service = QueueService(db, settings, recorder.handlers())  # type: ignore[arg-type]
+    queue = service.queue
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        job_id = await queue.enqueue_index("acme", "m", {"do": "block"})
+        with trio.fail_after(5):
+            await recorder.started.wait()
+        await service.shutdown(grace=5)
+        recorder.release.set()
+    assert (await queue.status(job_id)).status is JobStatus.SUCCEEDED
+    assert recorder.ran == [job_id]
+
+
+async def test_every_job_type_needs_a_handler(queue: Queue) -> None:
+    async def noop(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        return {}
+
+    with pytest.raises(ConfigurationError, match="delete"):
+        WorkerPool(queue, {"index": noop})
