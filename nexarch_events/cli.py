@@ -216,6 +216,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def leaf_errors(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups: trio wraps whatever
+    crosses a nursery, and the CLI reports the errors themselves."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaf_errors(inner)]
+    return [exc]
+
+
+def exit_code(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, message) for an error the CLI reports; None for a bug."""
+    if isinstance(exc, (ConfigurationError, InvalidJobError)):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, DatabaseUnavailable):
+        return EXIT_UNAVAILABLE, f"database unreachable: {exc}"
+    if isinstance(exc, (JobNotFound, MigrationError, NexarchError)):
+        return EXIT_FAILED, str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -225,14 +246,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         with database_url(settings) as url:
             code: int = args.fn(args, settings, url)
             return code
-    except (ConfigurationError, InvalidJobError) as exc:
-        print(f"nexarch-events: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except DatabaseUnavailable as exc:
-        print(f"nexarch-events: database unreachable: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    except (JobNotFound, MigrationError, NexarchError) as exc:
-        print(f"nexarch-events: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+    except BaseException as exc:
+        leaves = leaf_errors(exc)
+        reported = [exit_code(leaf) for leaf in leaves]
+        if not leaves or any(r is None for r in reported):
+            raise
+        worst = max(r for r in reported if r is not None)
+        for _, message in {r for r in reported if r is not None}:
+            print(f"nexarch-events: {message}", file=sys.stderr)
+        return worst[0]

@@ -29,9 +29,10 @@ def _bin_dir() -> Path:
     try:
         from pgserver._commands import POSTGRES_BIN_PATH
     except ImportError:  # pragma: no cover - pgserver is a dependency
-        POSTGRES_BIN_PATH = None
-    if POSTGRES_BIN_PATH is not None and (Path(POSTGRES_BIN_PATH) / "postgres").exists():
-        return Path(POSTGRES_BIN_PATH)
+        pass
+    else:
+        if (Path(POSTGRES_BIN_PATH) / "postgres").exists():
+            return Path(POSTGRES_BIN_PATH)
     pg_ctl = shutil.which("pg_ctl")
     if pg_ctl:
         return Path(pg_ctl).parent

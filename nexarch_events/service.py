@@ -18,7 +18,7 @@ import trio
 
 from .aio import Database
 from .migrations import migrate
-from .notify import INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL, RESYNC, Listener, Subscription
+from .notify import INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL, Listener, Notification, Subscription
 from .queue import Queue
 from .settings import Settings
 from .sweeper import Sweeper
@@ -66,7 +66,7 @@ class QueueService:
     async def _pump(self, sub: Subscription) -> None:
         """Turn index-channel notifications into targeted wake-ups."""
         async for event in sub:
-            if event is RESYNC:
+            if not isinstance(event, Notification):  # RESYNC
                 self.pool.wakeups.wake_all()
                 self.sweeper.poke()
                 continue

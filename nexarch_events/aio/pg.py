@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import asyncpg
 import trio
-import trio_asyncio
+import trio_asyncio  # type: ignore[import-untyped]
 
 from ..errors import DatabaseError, DatabaseUnavailable
 
@@ -67,7 +67,8 @@ def translate(exc: BaseException) -> DatabaseError | None:
 
 async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
     try:
-        return await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
+        result: T = await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
+        return result
     except Exception as exc:
         ours = translate(exc)
         if ours is None:
@@ -174,8 +175,8 @@ class ListenConnection:
         return cls(conn)
 
     async def listen(self, channel: str, callback: Callable[[str, str], None]) -> None:
-        def on_notification(_conn: object, _pid: int, chan: str, payload: str) -> None:
-            callback(chan, payload)
+        def on_notification(_conn: object, _pid: int, chan: str, payload: object) -> None:
+            callback(chan, str(payload))
 
         await _hop(self._conn.add_listener, channel, on_notification)
 

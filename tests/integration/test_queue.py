@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 import trio
+import trio.lowlevel
 
 from nexarch_events.aio import Database
 from nexarch_events.errors import InvalidJobError, JobNotFound, NoJobAvailable
@@ -423,7 +424,7 @@ async def test_many_concurrent_workers_keep_per_message_order(queue: Queue) -> N
                 else:
                     effects[job.message_id].append(job.id)
                     outcomes.append((job, None))
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
             await queue.ack(outcomes)
 
     with trio.fail_after(60):

@@ -60,17 +60,17 @@ async def running(db: Database, settings: Settings) -> AsyncIterator[tuple[Queue
         nursery.cancel_scope.cancel()
 
 
-async def wait_status(queue: Queue, job_id: int, status: JobStatus, timeout: float = 10) -> None:
-    with trio.fail_after(timeout):
+async def wait_status(queue: Queue, job_id: int, status: JobStatus, within: float = 10) -> None:
+    with trio.fail_after(within):
         while (await queue.status(job_id)).status != status:
             await trio.sleep(0.02)
 
 
 async def test_enqueue_wakes_a_worker(running: tuple[QueueService, Recorder],
                                       queue: Queue) -> None:
-    service, recorder = running
+    _, recorder = running
     job_id = await queue.enqueue_index("acme", "m1", {})
-    await wait_status(queue, job_id, JobStatus.SUCCEEDED, timeout=5)
+    await wait_status(queue, job_id, JobStatus.SUCCEEDED, within=5)
     assert recorder.ran == [job_id]
 
 
@@ -113,7 +113,7 @@ async def test_retry_falls_due_without_polling(running: tuple[QueueService, Reco
                                                queue: Queue) -> None:
     service, recorder = running
     job_id = await queue.enqueue_index("acme", "m1", {"do": "fail-once"})
-    await wait_status(queue, job_id, JobStatus.SUCCEEDED, timeout=10)
+    await wait_status(queue, job_id, JobStatus.SUCCEEDED, within=10)
     job = await queue.status(job_id)
     assert job.attempts == 2 and job.last_error == "RuntimeError: transient outage"
     assert recorder.ran == [job_id]
@@ -136,6 +136,7 @@ async def test_one_bad_job_fails_alone(running: tuple[QueueService, Recorder],
     # The worker is still alive and working.
     later = await queue.enqueue_index("acme", "after", {})
     await wait_status(queue, later, JobStatus.SUCCEEDED)
+    assert sorted(recorder.ran) == [ids[0], ids[2], later]
 
 
 async def test_a_handler_crash_fails_its_batch_and_the_worker_goes_on(
@@ -154,7 +155,7 @@ async def test_a_handler_crash_fails_its_batch_and_the_worker_goes_on(
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
         job_id = await queue.enqueue_index("acme", "m1", {})
-        await wait_status(queue, job_id, JobStatus.SUCCEEDED, timeout=10)
+        await wait_status(queue, job_id, JobStatus.SUCCEEDED, within=10)
         nursery.cancel_scope.cancel()
     job = await queue.status(job_id)
     assert job.attempts == 2 and job.last_error == "ValueError: index backend exploded"
@@ -193,7 +194,8 @@ async def test_cancellation_releases_in_flight_jobs(db: Database, settings: Sett
     assert job.status is JobStatus.PENDING and job.attempts == 0
 
 
-async def test_shutdown_lets_a_job_finish_within_the_grace(db: Database, settings: Settings) -> None:
+async def test_shutdown_lets_a_job_finish_within_the_grace(db: Database,
+                                                           settings: Settings) -> None:
     recorder = Recorder()
     service = QueueService(db, settings, recorder.handlers())  # type: ignore[arg-type]
     queue = service.queue

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+import pytest
+
+from nexarch_events.errors import ConfigurationError
+from nexarch_events.settings import QueueSettings, Settings
+
+
+def test_environment_overrides() -> None:
+    settings = Settings.from_env({"NEXARCH_DATABASE_URL": "postgresql://x/y",
+                                  "NEXARCH_QUEUE_WORKERS": "8",
+                                  "NEXARCH_QUEUE_STALE_AFTER": "12.5"})
+    assert settings.database_url == "postgresql://x/y"
+    assert settings.queue.workers == 8 and settings.queue.stale_after == 12.5
+    assert settings.queue.effective_heartbeat_interval == 12.5 / 4
+
+
+@pytest.mark.parametrize(("env", "message"), [
+    ({"NEXARCH_QUEUE_WORKERS": "four"}, "NEXARCH_QUEUE_WORKERS='four' is not a whole number"),
+    ({"NEXARCH_QUEUE_WORKERS": "0"}, "queue.workers must be a whole number from 1"),
+    ({"NEXARCH_QUEUE_STALE_AFTER": "-1"}, "queue.stale_after must be a finite number"),
+    ({"NEXARCH_QUEUE_BACKOFF_BASE": "nan"}, "queue.backoff_base"),
+    ({"NEXARCH_DATABASE_URL": "mysql://x"}, "must start with postgresql://"),
+])
+def test_bad_settings_name_the_key(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message.replace("(", r"\(")):
+        Settings.from_env(env)
+
+
+def test_heartbeat_must_beat_faster_than_the_stale_timeout() -> None:
+    with pytest.raises(ConfigurationError, match="heartbeat_interval"):
+        QueueSettings(stale_after=5, heartbeat_interval=5)

@@ -1,0 +1,36 @@
+from __future__ import annotations
+
+import trio
+
+from nexarch_events.notify import RESYNC, Notification, Subscription
+
+
+def note(n: int) -> Notification:
+    return Notification("ch", str(n), 0.0)
+
+
+async def test_overflow_is_reported_as_resync_after_the_buffer() -> None:
+    sub = Subscription("ch", buffer=2)
+    for n in range(5):
+        sub._push(note(n))
+    assert sub.dropped == 3
+    assert await sub.receive() == note(0)
+    assert await sub.receive() == note(1)
+    assert await sub.receive() is RESYNC
+    sub._push(note(9))
+    assert await sub.receive() == note(9)
+
+
+async def test_no_resync_without_overflow() -> None:
+    sub = Subscription("ch", buffer=4)
+    sub._push(note(1))
+    assert await sub.receive() == note(1)
+    with trio.move_on_after(0.05) as scope:
+        await sub.receive()
+    assert scope.cancelled_caught
+
+
+def test_foreign_payloads_parse_to_empty() -> None:
+    assert Notification("ch", "not json", 0.0).json() == {}
+    assert Notification("ch", "[1]", 0.0).json() == {}
+    assert Notification("ch", '{"v": 1}', 0.0).json() == {"v": 1}
