@@ -82,7 +82,8 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 dsn: str, name: str | None = None,
                 task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED) -> None:
     """Migrate, then run the queue service until SIGTERM/SIGINT has stopped it."""
-    async with Database.open(dsn, max_size=settings.pool_size) as db:
+    async with Database.open(dsn, max_size=settings.pool_size,
+                             command_timeout=settings.command_timeout) as db:
         await migrate(db)
         service = QueueService(db, settings, handlers, name=name)
         async with trio.open_nursery() as nursery:

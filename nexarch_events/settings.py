@@ -67,10 +67,14 @@ class Settings:
     database_url: str | None = None
     data_dir: str = ".nexarch"
     pool_size: int = 10
+    #: Longest any single statement may take before the connection is
+    #: treated as dead (a half-open socket would otherwise hang for minutes).
+    command_timeout: float = 60.0
     queue: QueueSettings = field(default_factory=QueueSettings)
 
     def __post_init__(self) -> None:
         _positive_int("pool_size", self.pool_size, upper=1000)
+        _positive_float("command_timeout", self.command_timeout)
         if self.database_url is not None and not self.database_url.startswith(
                 ("postgres://", "postgresql://")):
             raise ConfigurationError(
@@ -91,6 +95,9 @@ class Settings:
             top["database_url"] = env["NEXARCH_DATABASE_URL"]
         if env.get("NEXARCH_DATA_DIR"):
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
+        if "NEXARCH_COMMAND_TIMEOUT" in env:
+            top["command_timeout"] = _parse_number(
+                "NEXARCH_COMMAND_TIMEOUT", env["NEXARCH_COMMAND_TIMEOUT"], integer=False)
         if "NEXARCH_POOL_SIZE" in env:
             top["pool_size"] = _parse_number("NEXARCH_POOL_SIZE", env["NEXARCH_POOL_SIZE"],
                                              integer=True)

@@ -128,15 +128,18 @@ class Database(_Queries):
     @classmethod
     @asynccontextmanager
     async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10,
-                   connect_timeout: float = 10.0) -> AsyncIterator[Database]:
+                   connect_timeout: float = 10.0,
+                   command_timeout: float | None = 60.0) -> AsyncIterator[Database]:
         """Open a pool; blocks until ``min_size`` connections are up.
 
         Connections that break (Postgres restarted, network cut) are replaced
         by the pool on the next acquire; the failing call raises
-        DatabaseUnavailable.
+        DatabaseUnavailable. ``command_timeout`` bounds every statement, so a
+        half-open connection (no FIN, no RST) raises DatabaseUnavailable too
+        instead of hanging until the kernel gives up (minutes).
         """
         pool = await _hop(asyncpg.create_pool, dsn, min_size=min_size, max_size=max_size,
-                          timeout=connect_timeout)
+                          timeout=connect_timeout, command_timeout=command_timeout)
         try:
             yield cls(pool, dsn)
         finally:

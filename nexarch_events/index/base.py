@@ -1,0 +1,171 @@
+"""The search index interface: what a backend must do, and the values it
+takes and returns. Backends: ``postgres`` (full-text search in the same
+database, the embedded default) and ``manticore`` (Manticore's HTTP JSON API).
+
+Every backend keeps tenants apart: a document belongs to exactly one tenant,
+and every search is scoped to exactly one tenant.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol
+
+from ..errors import NexarchError
+from ..models import validate_tenant_slug
+
+#: Largest document id: Manticore ids are unsigned 64-bit but misbehave
+#: above 2^63-1 (mail-notes 3.4); Postgres bigint stops there too.
+MAX_DOCUMENT_ID = 2**63 - 1
+MAX_QUERY_LENGTH = 1000
+MAX_LIMIT = 1000
+MAX_OFFSET = 100_000
+
+#: Backends mark highlighted terms with these private-use characters;
+#: ``render_snippet`` turns them into <mark> around HTML-escaped text.
+HIGHLIGHT_START = "\ue000"
+HIGHLIGHT_END = "\ue001"
+
+
+class IndexBackendError(NexarchError):
+    """Base of index backend errors."""
+
+
+class IndexUnavailable(IndexBackendError):
+    """The index cannot be reached or answered 5xx/timeout: retry later."""
+
+
+class IndexRejected(IndexBackendError):
+    """The index refused the request (4xx, schema, bad document): retrying
+    will not help; the message says what to fix."""
+
+
+class InvalidQuery(NexarchError, ValueError):
+    """A search request is unacceptable (names the problem)."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexDocument:
+    """One archived message as the index sees it."""
+
+    #: The archive's id; the document id in every backend (1 .. 2^63-1).
+    archive_id: int
+    tenant_slug: str
+    subject: str
+    #: Display form, "Name <address>" joined by ", ".
+    sender: str
+    #: Lower-case addresses of the From header, for exact filtering.
+    sender_addresses: tuple[str, ...]
+    #: To and Cc, display form.
+    recipients: str
+    body: str
+    attachment_names: tuple[str, ...]
+    attachment_text: str
+    #: Date header clamped to a sane range, or None if absent/unparseable.
+    sent_at: datetime | None
+    #: Names of the mailboxes the message was seen in.
+    mailboxes: tuple[str, ...] = ()
+    size_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.archive_id <= MAX_DOCUMENT_ID:
+            raise ValueError(f"archive id {self.archive_id} outside 1..2^63-1")
+        validate_tenant_slug(self.tenant_slug)
+
+
+@dataclass(frozen=True, slots=True)
+class SearchQuery:
+    tenant_slug: str
+    #: The user's query: words, "quoted phrases", -excluded, OR. Never
+    #: interpreted as backend syntax (hostile input is searched for literally).
+    text: str
+    #: Only mail from this address (case-insensitive, exact).
+    sender: str | None = None
+    #: sent_at >= date_from and sent_at < date_to.
+    date_from: datetime | None = None
+    date_to: datetime | None = None
+    #: Only mail seen in this mailbox.
+    mailbox: str | None = None
+    limit: int = 20
+    offset: int = 0
+
+    def __post_init__(self) -> None:
+        validate_tenant_slug(self.tenant_slug)
+        if not isinstance(self.text, str):
+            raise InvalidQuery("query text must be a string")
+        if len(self.text) > MAX_QUERY_LENGTH:
+            raise InvalidQuery(f"query is {len(self.text)} characters; the limit is "
+                               f"{MAX_QUERY_LENGTH}")
+        if "\x00" in self.text:
+            raise InvalidQuery("query contains a NUL character")
+        if not 1 <= self.limit <= MAX_LIMIT:
+            raise InvalidQuery(f"limit must be 1..{MAX_LIMIT}, got {self.limit}")
+        if not 0 <= self.offset <= MAX_OFFSET:
+            raise InvalidQuery(f"offset must be 0..{MAX_OFFSET}, got {self.offset}")
+        for name in ("date_from", "date_to"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise InvalidQuery(f"{name} must carry a time zone")
+        if self.date_from and self.date_to and self.date_from >= self.date_to:
+            raise InvalidQuery("date_from must be before date_to")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchHit:
+    archive_id: int
+    score: float
+    subject: str
+    sender: str
+    sent_at: datetime | None
+    #: HTML-safe: text is escaped, matches are wrapped in <mark>...</mark>.
+    snippet: str
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    #: Matches in total (for paging), not just this page.
+    total: int
+    hits: tuple[SearchHit, ...] = field(default_factory=tuple)
+
+
+class IndexBackend(Protocol):
+    """What the workers and the search command need from an index."""
+
+    name: str
+
+    async def ensure_schema(self, tenant_slug: str) -> None:
+        """Create what this tenant's documents need (idempotent)."""
+
+    async def upsert(self, documents: Sequence[IndexDocument]) -> None:
+        """Insert or replace documents (idempotent: replaying a batch is
+        harmless). All of one call may be one transaction. Raises
+        IndexUnavailable (retry) or IndexRejected (permanent)."""
+
+    async def delete(self, tenant_slug: str, archive_ids: Sequence[int]) -> None:
+        """Remove documents; ids not in the index are ignored."""
+
+    async def search(self, query: SearchQuery) -> SearchResult:
+        """Ranked hits of exactly one tenant. Raises InvalidQuery."""
+
+    async def document_ids(self, tenant_slug: str) -> set[int]:
+        """Every document id of a tenant (for verify-index)."""
+
+    async def aclose(self) -> None:
+        """Release connections."""
+
+
+def render_snippet(marked: str) -> str:
+    """Escape a backend's snippet for HTML, then turn the highlight markers
+    into <mark> tags: mail text can never inject markup."""
+    escaped = html.escape(marked.replace("\x00", ""), quote=False)
+    return escaped.replace(HIGHLIGHT_START, "<mark>").replace(HIGHLIGHT_END, "</mark>")
+
+
+def epoch_seconds(value: datetime | None) -> int:
+    """Seconds since 1970 as a 64-bit integer (Manticore's timestamp is 32-bit)."""
+    if value is None:
+        return 0
+    return int(value.astimezone(UTC).timestamp())
