@@ -1,0 +1,203 @@
+"""One contract for every index backend: same documents in, same answers out.
+
+Backends: ``postgres`` (real Postgres) and ``manticore`` (a real Manticore
+when MANTICORE_URL is set, otherwise the in-process stand-in that answers as
+Manticore's manual documents: tests/support/manticore_standin.py). The
+contract covers what both promise; language-specific stemming is tested per
+backend (Postgres: test_postgres_index.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from nexarch_events.aio import Database
+from nexarch_events.index.base import (
+    IndexBackend,
+    IndexDocument,
+    InvalidQuery,
+    SearchQuery,
+)
+from tests.support.backends import open_backend
+
+T0 = datetime(2024, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def doc(archive_id: int, tenant: str = "tenant-a", *, subject: str = "", body: str = "",
+        sender: str = "Anna Muster <anna@example.org>", recipients: str = "bob@example.org",
+        sent_at: datetime | None = T0, mailboxes: tuple[str, ...] = ("INBOX",),
+        attachments: tuple[str, ...] = (), attachment_text: str = "") -> IndexDocument:
+    address = sender.rsplit("<", 1)[-1].rstrip(">").strip().lower()
+    return IndexDocument(
+        archive_id=archive_id, tenant_slug=tenant, subject=subject, sender=sender,
+        sender_addresses=(address,), recipients=recipients, body=body,
+        attachment_names=attachments, attachment_text=attachment_text, sent_at=sent_at,
+        mailboxes=mailboxes, size_bytes=len(body))
+
+
+@pytest.fixture(params=["postgres"])
+async def backend(request: pytest.FixtureRequest, db: Database) -> AsyncIterator[IndexBackend]:
+    async with open_backend(request.param, db) as opened:
+        for tenant in ("tenant-a", "tenant-b"):
+            await opened.ensure_schema(tenant)
+        yield opened
+
+
+async def ids(backend: IndexBackend, text: str, tenant: str = "tenant-a",
+              **filters: object) -> list[int]:
+    result = await backend.search(SearchQuery(tenant, text, **filters))  # type: ignore[arg-type]
+    return [hit.archive_id for hit in result.hits]
+
+
+async def test_a_unique_word_finds_its_message(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, subject="Quarterly report", body="The zebrafish numbers"),
+                          doc(2, subject="Lunch", body="Pizza on Friday")])
+    assert await ids(backend, "zebrafish") == [1]
+    assert await ids(backend, "pizza") == [2]
+    assert await ids(backend, "nothinglikethis") == []
+    hit = (await backend.search(SearchQuery("tenant-a", "zebrafish"))).hits[0]
+    assert hit.subject == "Quarterly report"
+    assert hit.sender == "Anna Muster <anna@example.org>"
+    assert hit.sent_at == T0
+    assert "<mark>" in hit.snippet and "zebrafish" in hit.snippet.lower()
+
+
+HOSTILE = ["tenant-b", "@tenant_slug tenant-b", '" OR 1=1 --', "') OR ('1'='1", "*", "\\",
+           ")(", "^$", "a | b", "NEAR/3 secret", "=secret", "MAYBE secret", "-", '"', "!!",
+           "secret*", "@* secret", "<script>", "tenant_slug:tenant-b", "%", "_",
+           "secret OR", "OR secret", "--secret", '"secret', "secret\\"]
+
+
+async def test_tenant_a_never_sees_tenant_b(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, "tenant-a", subject="secret plans", body="alpha"),
+                          doc(2, "tenant-b", subject="secret plans", body="beta tenant-b"),
+                          doc(3, "tenant-b", subject="other", body="secret")])
+    assert await ids(backend, "secret", "tenant-a") == [1]
+    assert sorted(await ids(backend, "secret", "tenant-b")) == [2, 3]
+    for text in HOSTILE:
+        try:
+            found = await ids(backend, text, "tenant-a")
+        except InvalidQuery:
+            continue  # a clear refusal is fine; leaking or crashing is not
+        assert set(found) <= {1}, text
+    assert await backend.document_ids("tenant-a") == {1}
+    assert await backend.document_ids("tenant-b") == {2, 3}
+
+
+async def test_hostile_syntax_never_errors_out_of_the_backend(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, subject="secret", body="the secret word")])
+    for text in HOSTILE:
+        try:
+            await backend.search(SearchQuery("tenant-a", text))
+        except InvalidQuery:
+            pass
+
+
+async def test_snippets_are_html_safe(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, subject="<b>Hi</b>",
+                              body="click <script>alert('x')</script> kangaroo & more")])
+    hit = (await backend.search(SearchQuery("tenant-a", "kangaroo"))).hits[0]
+    assert "<script>" not in hit.snippet
+    assert "kangaroo" in hit.snippet
+    assert hit.snippet.replace("<mark>", "").replace("</mark>", "").count("<") == 0
+
+
+async def test_delete_removes_and_ignores_unknown_ids(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, body="walrus"), doc(2, body="walrus")])
+    await backend.delete("tenant-a", [1, 999])
+    assert await ids(backend, "walrus") == [2]
+    await backend.delete("tenant-b", [2])  # another tenant's delete touches nothing
+    assert await ids(backend, "walrus") == [2]
+
+
+async def test_replaying_a_batch_is_idempotent(backend: IndexBackend) -> None:
+    batch = [doc(n, body=f"ostrich number{n}") for n in range(1, 21)]
+    await backend.upsert(batch)
+    await backend.upsert(batch)
+    result = await backend.search(SearchQuery("tenant-a", "ostrich", limit=100))
+    assert result.total == 20 and sorted(h.archive_id for h in result.hits) == list(range(1, 21))
+
+
+async def test_upsert_replaces_the_document(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, subject="old subject", body="llama")])
+    await backend.upsert([doc(1, subject="new subject", body="alpaca")])
+    assert await ids(backend, "llama") == []
+    assert await ids(backend, "alpaca") == [1]
+    assert (await backend.search(SearchQuery("tenant-a", "alpaca"))).hits[0].subject \
+        == "new subject"
+
+
+async def test_words_are_anded_phrases_exclusion_or(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, body="red apple pie"), doc(2, body="green apple tart"),
+                          doc(3, body="apple red"), doc(4, body="pie crust")])
+    assert sorted(await ids(backend, "apple red")) == [1, 3]
+    assert await ids(backend, '"red apple"') == [1]
+    assert sorted(await ids(backend, "apple -red")) == [2]
+    assert sorted(await ids(backend, "tart OR crust")) == [2, 4]
+
+
+async def test_subject_ranks_above_body(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, subject="weekly", body="the heron was seen"),
+                          doc(2, subject="heron sighting", body="nothing else"),
+                          doc(3, subject="misc", body="attachments", attachments=("x.txt",),
+                              attachment_text="a heron in the attachment")])
+    assert await ids(backend, "heron") == [2, 1, 3]
+
+
+async def test_filters(backend: IndexBackend) -> None:
+    await backend.upsert([
+        doc(1, body="invoice", sender="Anna <Anna@Example.org>", sent_at=T0,
+            mailboxes=("INBOX",)),
+        doc(2, body="invoice", sender="Bob <bob@example.org>",
+            sent_at=T0 + timedelta(days=10), mailboxes=("Archive/2024", "INBOX")),
+        doc(3, body="invoice", sender="Carl <carl@example.org>",
+            sent_at=T0 + timedelta(days=20), mailboxes=("Sent",)),
+        doc(4, body="invoice", sender="Dora <dora@example.org>", sent_at=None,
+            mailboxes=("INBOX",)),
+    ])
+    assert await ids(backend, "invoice", sender="anna@example.org") == [1]
+    assert await ids(backend, "invoice", sender="ANNA@example.ORG") == [1]
+    assert sorted(await ids(backend, "invoice", date_from=T0 + timedelta(days=5))) == [2, 3]
+    assert sorted(await ids(backend, "invoice", date_from=T0,
+                            date_to=T0 + timedelta(days=10))) == [1]
+    assert sorted(await ids(backend, "invoice", mailbox="INBOX")) == [1, 2, 4]
+    assert await ids(backend, "invoice", mailbox="Archive/2024") == [2]
+    assert await ids(backend, "invoice", mailbox="inbox") == []  # names are exact
+
+
+async def test_empty_query_lists_newest_first(backend: IndexBackend) -> None:
+    await backend.upsert([doc(n, body=f"m{n}", sent_at=T0 + timedelta(days=n))
+                          for n in range(1, 6)])
+    assert await ids(backend, "") == [5, 4, 3, 2, 1]
+    assert await ids(backend, "", date_to=T0 + timedelta(days=3)) == [2, 1]
+
+
+async def test_paging(backend: IndexBackend) -> None:
+    await backend.upsert([doc(n, body="penguin", sent_at=T0 + timedelta(minutes=n))
+                          for n in range(1, 26)])
+    pages = []
+    for offset in range(0, 30, 10):
+        result = await backend.search(SearchQuery("tenant-a", "penguin", limit=10,
+                                                  offset=offset))
+        assert result.total == 25
+        pages.append([h.archive_id for h in result.hits])
+    assert [len(p) for p in pages] == [10, 10, 5]
+    assert sorted(sum(pages, [])) == list(range(1, 26))
+    past_the_end = await backend.search(SearchQuery("tenant-a", "penguin", offset=100))
+    assert past_the_end.total == 25 and past_the_end.hits == ()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"limit": 0}, "limit"), ({"limit": 5000}, "limit"), ({"offset": -1}, "offset"),
+    ({"text": "x" * 2000}, "limit is 1000"), ({"text": "a\x00b"}, "NUL"),
+    ({"date_from": datetime(2024, 1, 1)}, "time zone"),
+    ({"date_from": T0, "date_to": T0}, "before"),
+])
+def test_bad_queries_are_refused_clearly(kwargs: dict[str, object], message: str) -> None:
+    fields: dict[str, object] = {"tenant_slug": "tenant-a", "text": "x"}
+    fields.update(kwargs)
+    with pytest.raises(InvalidQuery, match=message):
+        SearchQuery(**fields)  # type: ignore[arg-type]

@@ -1,0 +1,66 @@
+"""Postgres full-text specifics: languages and Postgres' own limits.
+
+Configuration chosen: german AND english (both snowball stemmers), every
+document stemmed by both, a query matching under either. Mail in a German
+archive is a mix of both languages, often within one thread; guessing each
+message's language is unreliable on short mails, and 'simple' would find no
+inflected form at all. The cost is a larger vector (two stemmings).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from nexarch_events.aio import Database
+from nexarch_events.index.base import SearchQuery
+from nexarch_events.index.postgres import PostgresIndex
+from tests.integration.test_index_contract import doc
+
+
+@pytest.fixture
+def index(db: Database) -> PostgresIndex:
+    return PostgresIndex(db)
+
+
+async def found(index: PostgresIndex, text: str) -> list[int]:
+    return [h.archive_id for h in (await index.search(SearchQuery("tenant-a", text))).hits]
+
+
+@pytest.mark.parametrize(("stored", "query"), [
+    ("Anbei die Rechnungen für März", "Rechnung"),       # German plural -> singular
+    ("Die Rechnung ist bezahlt", "Rechnungen"),           # and back
+    ("Wir haben zwei Häuser gekauft", "Haus"),            # umlaut plural
+    ("Bitte die Verträge prüfen", "Vertrag"),
+    ("Zahlungen wurden gebucht", "Zahlung"),
+    ("She was running late", "run"),                      # English inflection
+    ("two invoices attached", "invoice"),
+    ("the meeting was postponed", "postpone"),
+])
+async def test_inflected_forms_are_found_in_both_languages(
+        index: PostgresIndex, stored: str, query: str) -> None:
+    await index.upsert([doc(1, body=stored), doc(2, body="völlig anderer Text, unrelated")])
+    assert await found(index, query) == [1]
+
+
+async def test_only_configured_languages_stem(db: Database) -> None:
+    english_only = PostgresIndex(db, configs=("english",))
+    await english_only.upsert([doc(1, body="Anbei die Rechnungen")])
+    assert await found(english_only, "Rechnung") == []
+    assert await found(english_only, "Rechnungen") == [1]
+
+
+async def test_a_5_mb_mail_indexes_and_its_first_part_is_searchable(index: PostgresIndex) -> None:
+    # A tsvector must stay below 1 MB (Postgres' limit): the backend indexes
+    # the first max_field_chars of the body, so this neither errors nor loses
+    # the beginning.
+    words = " ".join(f"w{n}x" for n in range(900_000))  # ~5.4 MB, all distinct words
+    body = "aardvarkbeginning " + words
+    assert len(body) > 5_000_000
+    await index.upsert([doc(1, body=body)])
+    assert await found(index, "aardvarkbeginning") == [1]
+    assert await found(index, "w10x") == [1]
+
+
+async def test_configuration_names_are_validated(db: Database) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        PostgresIndex(db, configs=("english; DROP TABLE x",))
