@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Self
@@ -71,10 +72,32 @@ class Settings:
     #: treated as dead (a half-open socket would otherwise hang for minutes).
     command_timeout: float = 60.0
     queue: QueueSettings = field(default_factory=QueueSettings)
+    #: "postgres" (full-text search in the same database) or "manticore".
+    index_backend: str = "postgres"
+    #: Manticore's HTTP API, e.g. http://manticore:9308 (index_backend=manticore).
+    manticore_url: str | None = None
+    #: Postgres text-search configurations a document is stemmed with.
+    search_languages: tuple[str, ...] = ("german", "english")
 
     def __post_init__(self) -> None:
         _positive_int("pool_size", self.pool_size, upper=1000)
         _positive_float("command_timeout", self.command_timeout)
+        if self.index_backend not in ("postgres", "manticore"):
+            raise ConfigurationError(
+                f"index_backend must be 'postgres' or 'manticore', got {self.index_backend!r} "
+                "(NEXARCH_INDEX_BACKEND)")
+        if self.index_backend == "manticore" and not self.manticore_url:
+            raise ConfigurationError(
+                "index_backend=manticore needs manticore_url (NEXARCH_MANTICORE_URL, "
+                "e.g. http://127.0.0.1:9308)")
+        if self.manticore_url is not None and not self.manticore_url.startswith(
+                ("http://", "https://")):
+            raise ConfigurationError("manticore_url must start with http:// or https://")
+        if not self.search_languages or not all(
+                re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", lang) for lang in self.search_languages):
+            raise ConfigurationError(
+                "search_languages must name Postgres text-search configurations, "
+                "e.g. NEXARCH_SEARCH_LANGUAGES=german,english")
         if self.database_url is not None and not self.database_url.startswith(
                 ("postgres://", "postgresql://")):
             raise ConfigurationError(
@@ -90,11 +113,30 @@ class Settings:
             key = f"NEXARCH_QUEUE_{f.name.upper()}"
             if key in env:
                 queue_kwargs[f.name] = _parse_number(key, env[key], integer=f.type == "int")
+        unknown = sorted(k for k in env if k.startswith("NEXARCH_")
+                         and k not in cls.known_env_keys()
+                         # reserved for test and benchmark tooling
+                         and not k.startswith(("NEXARCH_TEST_", "NEXARCH_BENCH_")))
+        if unknown:
+            raise ConfigurationError(
+                f"unknown setting(s) {', '.join(unknown)}; known: "
+                f"{', '.join(sorted(cls.known_env_keys()))}")
         top: dict[str, object] = {}
+        if env.get("NEXARCH_DATABASE_URL_FILE"):
+            # Secrets come from files (compose/Kubernetes secrets), not the environment.
+            top["database_url"] = _read_secret("NEXARCH_DATABASE_URL_FILE",
+                                               env["NEXARCH_DATABASE_URL_FILE"])
         if env.get("NEXARCH_DATABASE_URL"):
             top["database_url"] = env["NEXARCH_DATABASE_URL"]
         if env.get("NEXARCH_DATA_DIR"):
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
+        if env.get("NEXARCH_INDEX_BACKEND"):
+            top["index_backend"] = env["NEXARCH_INDEX_BACKEND"]
+        if env.get("NEXARCH_MANTICORE_URL"):
+            top["manticore_url"] = env["NEXARCH_MANTICORE_URL"]
+        if env.get("NEXARCH_SEARCH_LANGUAGES"):
+            top["search_languages"] = tuple(
+                part.strip() for part in env["NEXARCH_SEARCH_LANGUAGES"].split(",") if part.strip())
         if "NEXARCH_COMMAND_TIMEOUT" in env:
             top["command_timeout"] = _parse_number(
                 "NEXARCH_COMMAND_TIMEOUT", env["NEXARCH_COMMAND_TIMEOUT"], integer=False)
@@ -103,8 +145,27 @@ class Settings:
                                              integer=True)
         return cls(queue=QueueSettings(**queue_kwargs), **top)  # type: ignore[arg-type]
 
+    @staticmethod
+    def known_env_keys() -> frozenset[str]:
+        queue = {f"NEXARCH_QUEUE_{f.name.upper()}" for f in fields(QueueSettings)}
+        return frozenset(queue | {
+            "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
+            "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
+            "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL"})
+
     def with_queue(self, **changes: object) -> Settings:
         return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]
+
+
+def _read_secret(key: str, path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            value = handle.read().strip()
+    except OSError as exc:
+        raise ConfigurationError(f"{key}={path!r} cannot be read: {exc.strerror}") from None
+    if not value:
+        raise ConfigurationError(f"{key}={path!r} is empty")
+    return value
 
 
 def _parse_number(key: str, raw: str, *, integer: bool) -> int | float:

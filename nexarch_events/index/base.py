@@ -9,6 +9,8 @@ and every search is scoped to exactly one tenant.
 from __future__ import annotations
 
 import html
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -48,6 +50,75 @@ class InvalidQuery(NexarchError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class QueryTerm:
+    #: the term's words (letters, digits, underscore); several = a phrase
+    words: tuple[str, ...]
+    negated: bool
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _scan(text: str) -> list[tuple[str, bool, bool]]:
+    """Split the user's text into (raw, quoted, negated) terms."""
+    terms: list[tuple[str, bool, bool]] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i].isspace():
+            i += 1
+            continue
+        negated = False
+        if text[i] == "-" and i + 1 < n and not text[i + 1].isspace():
+            negated = True
+            i += 1
+        if text[i] == '"':
+            end = text.find('"', i + 1)
+            if end < 0:  # an unclosed quote runs to the end of the text
+                end = n
+            terms.append((text[i + 1:end], True, negated))
+            i = end + 1
+            continue
+        j = i
+        while j < n and not text[j].isspace() and text[j] != '"':
+            j += 1
+        terms.append((text[i:j], False, negated))
+        i = j
+    return terms
+
+
+def parse_user_query(text: str) -> list[list[QueryTerm]]:
+    """The search language every backend understands, as AND-ed groups of
+    OR-ed terms: words are AND-ed; ``"a phrase"``; ``-word`` / ``-"a phrase"``
+    excludes; ``OR`` (any case) between two terms makes an alternative.
+    Everything but letters, digits and underscore separates words.
+
+    Raises InvalidQuery when a non-empty query has no word to search for.
+    """
+    groups: list[list[QueryTerm]] = []
+    pending_or = False
+    for raw, quoted, negated in _scan(unicodedata.normalize("NFC", text)):
+        if not quoted and not negated and raw.lower() == "or":
+            pending_or = True
+            continue
+        words = tuple(_WORD.findall(raw))
+        if not words:
+            continue
+        term = QueryTerm(words, negated)
+        if pending_or and not negated and groups and not groups[-1][0].negated:
+            groups[-1].append(term)
+        else:
+            groups.append([term])
+        pending_or = False
+    if not any(not group[0].negated for group in groups):
+        if groups:
+            raise InvalidQuery("the query only excludes words: add at least one word "
+                               "to search for")
+        raise InvalidQuery("the query has no words to search for (punctuation and "
+                           "search operators are ignored)")
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
 class IndexDocument:
     """One archived message as the index sees it."""
 
@@ -79,8 +150,9 @@ class IndexDocument:
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
     tenant_slug: str
-    #: The user's query: words, "quoted phrases", -excluded, OR. Never
-    #: interpreted as backend syntax (hostile input is searched for literally).
+    #: The user's query (``parse_user_query``): words, "quoted phrases",
+    #: -excluded, OR. Never interpreted as backend syntax. Empty: every
+    #: message that passes the filters, newest first.
     text: str
     #: Only mail from this address (case-insensitive, exact).
     sender: str | None = None
@@ -101,6 +173,8 @@ class SearchQuery:
                                f"{MAX_QUERY_LENGTH}")
         if "\x00" in self.text:
             raise InvalidQuery("query contains a NUL character")
+        if self.text.strip():
+            parse_user_query(self.text)  # same rule in every backend
         if not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidQuery(f"limit must be 1..{MAX_LIMIT}, got {self.limit}")
         if not 0 <= self.offset <= MAX_OFFSET:

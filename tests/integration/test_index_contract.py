@@ -38,7 +38,7 @@ def doc(archive_id: int, tenant: str = "tenant-a", *, subject: str = "", body: s
         mailboxes=mailboxes, size_bytes=len(body))
 
 
-@pytest.fixture(params=["postgres"])
+@pytest.fixture(params=["postgres", "manticore"])
 async def backend(request: pytest.FixtureRequest, db: Database) -> AsyncIterator[IndexBackend]:
     async with open_backend(request.param, db) as opened:
         for tenant in ("tenant-a", "tenant-b"):
@@ -195,6 +195,8 @@ async def test_paging(backend: IndexBackend) -> None:
     ({"text": "x" * 2000}, "limit is 1000"), ({"text": "a\x00b"}, "NUL"),
     ({"date_from": datetime(2024, 1, 1)}, "time zone"),
     ({"date_from": T0, "date_to": T0}, "before"),
+    ({"text": "!! )( ^$"}, "no words to search for"),
+    ({"text": "-spam -\"bulk mail\""}, "only excludes words"),
 ])
 def test_bad_queries_are_refused_clearly(kwargs: dict[str, object], message: str) -> None:
     fields: dict[str, object] = {"tenant_slug": "tenant-a", "text": "x"}

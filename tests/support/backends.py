@@ -19,7 +19,7 @@ async def open_backend(name: str, db: Database) -> AsyncIterator[IndexBackend]:
         return
     if name == "manticore":
         from nexarch_events.index.manticore import ManticoreBackend
-        from tests.support.manticore_standin import running_standin
+        from tests.support.manticore_standin import open_manticore_standin
 
         url = os.environ.get("MANTICORE_URL")
         if url:
@@ -30,7 +30,7 @@ async def open_backend(name: str, db: Database) -> AsyncIterator[IndexBackend]:
             finally:
                 await backend.aclose()
             return
-        async with running_standin() as standin:
+        async with open_manticore_standin() as standin:
             backend = ManticoreBackend(standin.url)
             try:
                 yield backend

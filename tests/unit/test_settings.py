@@ -30,3 +30,28 @@ def test_bad_settings_name_the_key(env: dict[str, str], message: str) -> None:
 def test_heartbeat_must_beat_faster_than_the_stale_timeout() -> None:
     with pytest.raises(ConfigurationError, match="heartbeat_interval"):
         QueueSettings(stale_after=5, heartbeat_interval=5)
+
+
+def test_database_url_from_a_secret_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    secret = tmp_path / "url"
+    secret.write_text("postgresql://u:pw@db/x\n")
+    assert Settings.from_env({"NEXARCH_DATABASE_URL_FILE": str(secret)}).database_url \
+        == "postgresql://u:pw@db/x"
+    with pytest.raises(ConfigurationError, match="cannot be read"):
+        Settings.from_env({"NEXARCH_DATABASE_URL_FILE": str(tmp_path / "missing")})
+
+
+def test_a_misspelt_setting_is_an_error_not_ignored() -> None:
+    with pytest.raises(ConfigurationError, match=r"NEXARCH_QUEUE_WORKER\b"):
+        Settings.from_env({"NEXARCH_QUEUE_WORKER": "8"})
+
+
+def test_index_backend_settings() -> None:
+    with pytest.raises(ConfigurationError, match="needs manticore_url"):
+        Settings.from_env({"NEXARCH_INDEX_BACKEND": "manticore"})
+    settings = Settings.from_env({"NEXARCH_INDEX_BACKEND": "manticore",
+                                  "NEXARCH_MANTICORE_URL": "http://m:9308",
+                                  "NEXARCH_SEARCH_LANGUAGES": "german, simple"})
+    assert settings.search_languages == ("german", "simple")
+    with pytest.raises(ConfigurationError, match="search_languages"):
+        Settings.from_env({"NEXARCH_SEARCH_LANGUAGES": "english;drop"})

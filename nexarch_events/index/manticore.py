@@ -1,0 +1,635 @@
+"""The Manticore Search backend, over Manticore's HTTP JSON API (httpx).
+
+This module is the one place that speaks Manticore: it turns httpx and
+Manticore failures into ``IndexUnavailable`` (retry later) or
+``IndexRejected`` (permanent, the message says what to fix), once, here.
+httpx runs on trio natively (through anyio): no asyncio is involved.
+
+Tenancy: one real-time table per tenant, named ``table_prefix`` + the tenant
+slug with ``-`` turned into ``_`` (slugs cannot contain ``_``, so two slugs
+never share a table). Manticore recommends a table per tenant when isolation
+matters (manticoresearch #2321, mail-notes 3.4): a search names exactly one
+table, so no query text can reach another tenant's documents.
+
+Schema of a tenant table (``CREATE_TABLE_SQL``):
+
+* ``subject body sender recipients attachment_names attachment_text``:
+  ``text`` (indexed and stored), searched and highlighted.
+* ``sender_address string``: the first From address, lower-case, for people
+  reading the table.
+* ``sender_ids multi64`` / ``mailbox_ids multi64``: 63-bit hashes of every
+  From address (lower-case) and of every mailbox name the message was seen
+  in. A multi-value attribute filtered with ``equals`` on ``any(...)``
+  (Filters.md) is exact, works for any number of values, and needs no JSON
+  path or string collation rules; the hash keeps arbitrary mailbox names
+  (spaces, quotes, non-ASCII) out of every query. Values stay below 2^63
+  because of the large-id bugs in mail-notes 3.4. A collision needs two
+  names with equal 63-bit hashes (odds around n^2 / 2^64).
+* ``sent_at bigint`` (epoch seconds; 0 = no date; Manticore's ``timestamp``
+  is 32-bit), ``size_bytes bigint``.
+* ``charset_table`` keeps German umlauts apart from a/o/u and
+  ``morphology='stem_en, libstemmer_de'``: the combination a real server
+  accepted (mail-notes 6).
+
+``ensure_schema`` only creates a missing table (``IF NOT EXISTS``); it does
+not change an existing one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import ssl
+import string
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Final
+
+import httpx
+
+from ..errors import ConfigurationError, InvalidJobError
+from ..models import validate_tenant_slug
+from .base import (
+    HIGHLIGHT_END,
+    HIGHLIGHT_START,
+    MAX_DOCUMENT_ID,
+    IndexDocument,
+    IndexRejected,
+    IndexUnavailable,
+    QueryTerm,
+    SearchHit,
+    SearchQuery,
+    SearchResult,
+    epoch_seconds,
+    parse_user_query,
+    render_snippet,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["CREATE_TABLE_SQL", "FIELD_WEIGHTS", "ManticoreBackend", "TableMissing",
+           "translate_query"]
+
+#: One statement per /sql request (mail-notes 6: multi-statement requests do not
+#: behave as documented). ``{table}`` is the only variable part, and it is
+#: filled in by ``_ddl`` from a validated slug only.
+CREATE_TABLE_SQL: Final = (
+    "CREATE TABLE IF NOT EXISTS {table} ("
+    "subject text, body text, sender text, recipients text, "
+    "attachment_names text, attachment_text text, "
+    "sender_address string, sender_ids multi64, mailbox_ids multi64, "
+    "sent_at bigint, size_bytes bigint"
+    ") charset_table='non_cont, U+00E4, U+00C4->U+00E4, U+00F6, U+00D6->U+00F6, "
+    "U+00FC, U+00DC->U+00FC, U+00DF, U+1E9E->U+00DF' "
+    "morphology='stem_en, libstemmer_de'"
+)
+
+#: subject > sender/recipients > body > attachments (Options.md, field_weights).
+FIELD_WEIGHTS: Final[dict[str, int]] = {
+    "subject": 10,
+    "sender": 5,
+    "recipients": 5,
+    "body": 3,
+    "attachment_names": 2,
+    "attachment_text": 1,
+}
+
+#: Fields whose highlighted fragments may become the snippet, best first.
+_SNIPPET_FIELDS: Final = ("body", "attachment_text", "subject")
+#: Manticore's default result window (Pagination.md): paging past it errors
+#: unless max_matches covers offset+limit.
+_DEFAULT_MAX_MATCHES: Final = 1000
+#: document_ids pages by id (keyset), so it never needs an offset at all.
+_ID_PAGE: Final = 1000
+#: Delete requests carry at most this many ids (a tenant purge stays a
+#: series of bounded requests; delete is idempotent, so a partial run is fine).
+_DELETE_CHUNK: Final = 5000
+#: Manticore's messages are echoed into exceptions, bounded.
+_MESSAGE_LIMIT: Final = 500
+
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,63}")
+
+# Bodies that say "this will never work" (mail-notes 3.2 and 6). A 5xx whose
+# message matches none of these is treated as a passing failure.
+_MISSING_TABLE = re.compile(
+    r"unknown local table|table '[^']*' absent|unknown table|index_not_found"
+    r"|no such (?:table|index)", re.IGNORECASE)
+_PERMANENT = re.compile(
+    r"unknown column|syntax error|parse|duplicate id|already exists|no field"
+    r"|property missing|out of bounds|not allowed|should be|requires|invalid"
+    r"|unsupported|non-computable|P0\d:", re.IGNORECASE)
+#: Statuses that mean "busy or in the way", whatever the body says.
+_RETRYABLE_STATUS: Final = frozenset({408, 425, 429, 502, 503, 504})
+
+
+class TableMissing(IndexRejected):
+    """The tenant's table does not exist: run ``ensure_schema`` for it."""
+
+
+# -- the user's query language -> Manticore query_string ---------------------
+
+# Only ASCII is lowered: enough to defuse the upper-case operator keywords
+# (MAYBE, NEAR/n, NOTNEAR/n, SENTENCE, PARAGRAPH, ZONE:, REGEX(...)); the
+# table's charset_table does the real case folding for every script.
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def translate_query(text: str) -> str:
+    """Translate the user's search language (``base.parse_user_query``) into a
+    Manticore query_string. Every character that is not a letter, digit or
+    underscore is a separator, so no Manticore operator (``@ " ( ) | - ! / <
+    ^ $ ~ = * ? % \\ '``, ``NEAR/n``, ``MAYBE``, ...) can reach the server
+    from user input. A term that falls apart into several words
+    (``foo@bar.com``, ``2024-01-05``) becomes a phrase of its words, which is
+    how the table tokenizes it when indexing. Raises InvalidQuery when there
+    is nothing to search for; the empty query is the caller's (match all).
+    """
+    parts: list[str] = []
+    for group in parse_user_query(text):
+        rendered = [_render(term) for term in group]
+        parts.append(rendered[0] if len(rendered) == 1 else "(" + " | ".join(rendered) + ")")
+    return " ".join(parts)
+
+
+def _render(term: QueryTerm) -> str:
+    words = tuple(w.translate(_ASCII_LOWER) for w in term.words)
+    text = words[0] if len(words) == 1 else '"' + " ".join(words) + '"'
+    return "-" + text if term.negated else text
+
+
+# -- documents ---------------------------------------------------------------
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _clean(text: str) -> str:
+    """Valid UTF-8 without NUL (mail-notes 3.4, payload hygiene): lone
+    surrogates from surrogateescape-decoded mail become U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text.replace("\x00", ""))
+
+
+def _hash_id(kind: bytes, value: str) -> int:
+    """A stable id in 1..2^63-1 for an address or a mailbox name."""
+    digest = hashlib.sha256(kind + b"\x00" + value.encode("utf-8", "surrogatepass")).digest()
+    return (int.from_bytes(digest[:8], "big") & MAX_DOCUMENT_ID) or 1
+
+
+def _sender_key(address: str) -> int:
+    return _hash_id(b"sender", address.strip().lower())
+
+
+def _mailbox_key(name: str) -> int:
+    return _hash_id(b"mailbox", name)
+
+
+def _document_fields(doc: IndexDocument) -> dict[str, object]:
+    addresses = [a.strip().lower() for a in doc.sender_addresses if a.strip()]
+    return {
+        "subject": _clean(doc.subject),
+        "body": _clean(doc.body),
+        "sender": _clean(doc.sender),
+        "recipients": _clean(doc.recipients),
+        "attachment_names": _clean("\n".join(doc.attachment_names)),
+        "attachment_text": _clean(doc.attachment_text),
+        "sender_address": _clean(addresses[0]) if addresses else "",
+        "sender_ids": sorted({_sender_key(a) for a in addresses}),
+        "mailbox_ids": sorted({_mailbox_key(m) for m in doc.mailboxes}),
+        "sent_at": epoch_seconds(doc.sent_at),
+        "size_bytes": max(0, doc.size_bytes),
+    }
+
+
+def _ndjson(lines: Iterable[dict[str, object]]) -> bytes:
+    # ensure_ascii=False: plain UTF-8 is a third the size of \uXXXX escapes.
+    return "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+
+
+# -- replies -----------------------------------------------------------------
+
+
+def _truncate(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _MESSAGE_LIMIT else text[:_MESSAGE_LIMIT] + "..."
+
+
+def _error_of(node: object) -> str | None:
+    """The message of one Manticore error node: a string, or an object with
+    ``type``/``reason`` (single-document endpoints and /bulk items)."""
+    if isinstance(node, str):
+        return node or None
+    if isinstance(node, dict):
+        kind, reason = node.get("type"), node.get("reason")
+        texts = [t for t in (kind, reason) if isinstance(t, str) and t]
+        return ": ".join(texts) or None
+    return None
+
+
+def _manticore_message(payload: object) -> str | None:
+    """Manticore's own error text in a reply, whatever shape it came in."""
+    messages: list[str] = []
+    if isinstance(payload, dict):
+        top = _error_of(payload.get("error"))
+        if top:
+            messages.append(top)
+        items = payload.get("items")
+        if isinstance(items, list):
+            for item in items:
+                if not isinstance(item, dict):
+                    continue
+                for result in item.values():
+                    if isinstance(result, dict):
+                        text = _error_of(result.get("error"))
+                        if text and text not in messages:
+                            messages.append(text)
+    elif isinstance(payload, list):  # /sql?mode=raw: one result set per statement
+        for result in payload:
+            if isinstance(result, dict):
+                text = _error_of(result.get("error"))
+                if text and text not in messages:
+                    messages.append(text)
+    return "; ".join(messages) if messages else None
+
+
+def _failed(payload: object) -> bool:
+    """Whether a 2xx reply still reports a failure in its body."""
+    if isinstance(payload, dict):
+        return bool(payload.get("errors")) or _error_of(payload.get("error")) is not None
+    if isinstance(payload, list):
+        return _manticore_message(payload) is not None
+    return False
+
+
+def _describe(exc: BaseException) -> tuple[str, bool]:
+    """The messages along an exception's cause chain (trio reports a failed
+    TLS handshake as a bare BrokenResourceError caused by the ssl.SSLError),
+    and whether TLS was the problem."""
+    texts: list[str] = []
+    tls = False
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        tls = tls or isinstance(node, ssl.SSLError)
+        text = str(node)
+        if text and text not in texts:
+            texts.append(text)
+        node = node.__cause__ or node.__context__
+    return _truncate("; ".join(texts) or type(exc).__name__), tls
+
+
+def _int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.isdigit():  # older servers quote _id
+        return int(value)
+    return None
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+class ManticoreBackend:
+    """IndexBackend on Manticore Search's HTTP JSON API.
+
+    Owns one httpx.AsyncClient (connection pool) until ``aclose``. Every
+    method blocks on HTTP round trips bounded by ``timeout`` seconds per
+    phase (connect, write, read); cancelling a call abandons the request and
+    its connection. TLS certificates are verified unless ``verify=False``
+    (``verify`` may name a CA bundle file). ``auth`` is sent as HTTP Basic
+    auth and never appears in messages, logs or ``repr``.
+
+    ``transport`` replaces the network (tests); ``verify`` then does nothing.
+    """
+
+    name = "manticore"
+
+    def __init__(self, base_url: str, *, table_prefix: str = "nexarch_mail_",
+                 timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+                 verify: bool | str = True, auth: tuple[str, str] | None = None) -> None:
+        try:
+            url = httpx.URL(base_url)
+        except (httpx.InvalidURL, TypeError) as exc:
+            raise ConfigurationError(f"Manticore URL is invalid: {exc}") from None
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ConfigurationError(
+                "Manticore URL must be http://host:port or https://host:port, got scheme "
+                f"{url.scheme!r}")
+        if not _PREFIX.fullmatch(table_prefix):
+            raise ConfigurationError(
+                f"Manticore table prefix {table_prefix!r} is invalid: use a-z, 0-9 and _, "
+                "starting with a letter or _, at most 64 characters")
+        if not timeout > 0:
+            raise ConfigurationError(f"Manticore timeout must be positive, got {timeout!r}")
+        # Only scheme, host and port ever appear in messages: never userinfo.
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        port = f":{url.port}" if url.port else ""
+        self._where = f"{url.scheme}://{host}{port}"
+        self._prefix = table_prefix
+        self._timeout = timeout
+        tls: bool | ssl.SSLContext
+        if isinstance(verify, bool):
+            tls = verify
+        else:
+            # httpx 0.28 deprecates verify=<path>: build the context here.
+            try:
+                tls = ssl.create_default_context(cafile=verify)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigurationError(
+                    f"Manticore CA bundle {verify!r} cannot be loaded: {exc}") from None
+        self._client = httpx.AsyncClient(
+            base_url=url,
+            timeout=httpx.Timeout(timeout),
+            verify=tls,
+            auth=auth,
+            transport=transport,
+            headers={"Accept": "application/json"},
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"ManticoreBackend({self._where!r}, table_prefix={self._prefix!r})"
+
+    async def __aenter__(self) -> ManticoreBackend:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the connection pool (idempotent)."""
+        await self._client.aclose()
+
+    # -- tables --------------------------------------------------------------
+
+    def table_name(self, tenant_slug: str) -> str:
+        """The tenant's table; raises IndexRejected for an invalid slug."""
+        try:
+            validate_tenant_slug(tenant_slug)
+        except InvalidJobError as exc:
+            raise IndexRejected(f"Manticore: {exc}") from None
+        return self._prefix + tenant_slug.replace("-", "_")
+
+    @staticmethod
+    def _ddl(template: str, table: str) -> str:
+        # The one place SQL text varies: a table name from a validated slug and
+        # a validated prefix, checked once more against the identifier grammar.
+        if not _IDENTIFIER.fullmatch(table):
+            raise AssertionError(f"not a safe table name: {table!r}")
+        return template.format(table=table)
+
+    async def ensure_schema(self, tenant_slug: str) -> None:
+        """Create the tenant's table unless it exists (idempotent)."""
+        table = self.table_name(tenant_slug)
+        await self._call("/sql", self._ddl(CREATE_TABLE_SQL, table).encode(),
+                         "text/plain; charset=utf-8", params={"mode": "raw"})
+
+    # -- writes --------------------------------------------------------------
+
+    async def upsert(self, documents: Sequence[IndexDocument]) -> None:
+        """Replace (insert or overwrite) documents by archive id.
+
+        One /bulk request per tenant; each is one Manticore transaction: all
+        of a tenant's documents land or none do. ``replace`` makes a replayed
+        batch harmless (``insert`` would fail it with 409). When the tenant's
+        table is missing, this creates it (``ensure_schema``) and sends the
+        batch once more: indexing a new tenant's first message needs no
+        separate provisioning step.
+        """
+        by_tenant: dict[str, list[IndexDocument]] = {}
+        for doc in documents:
+            by_tenant.setdefault(doc.tenant_slug, []).append(doc)
+        for slug, docs in by_tenant.items():
+            table = self.table_name(slug)
+            body = _ndjson({"replace": {"table": table, "id": doc.archive_id,
+                                        "doc": _document_fields(doc)}} for doc in docs)
+            try:
+                await self._call("/bulk", body, "application/x-ndjson")
+            except TableMissing:
+                logger.info("Manticore table %s is missing: creating it", table)
+                await self.ensure_schema(slug)
+                await self._call("/bulk", body, "application/x-ndjson")
+
+    async def delete(self, tenant_slug: str, archive_ids: Sequence[int]) -> None:
+        """Remove documents by id; unknown ids, and a missing table, are no-ops."""
+        table = self.table_name(tenant_slug)
+        ids = sorted({i for i in archive_ids
+                      if isinstance(i, int) and not isinstance(i, bool)
+                      and 1 <= i <= MAX_DOCUMENT_ID})
+        for start in range(0, len(ids), _DELETE_CHUNK):
+            chunk = ids[start:start + _DELETE_CHUNK]
+            body = _ndjson({"delete": {"table": table, "id": i}} for i in chunk)
+            try:
+                await self._call("/bulk", body, "application/x-ndjson")
+            except TableMissing:
+                return  # no table, no documents: nothing left to delete
+
+    # -- reads ---------------------------------------------------------------
+
+    async def document_ids(self, tenant_slug: str) -> set[int]:
+        """Every document id of the tenant, read in pages of 1000 by id
+        (keyset paging: the offset stays 0, far from the max_matches window)."""
+        table = self.table_name(tenant_slug)
+        ids: set[int] = set()
+        last = 0
+        while True:
+            reply = await self._call("/search", json.dumps({
+                "table": table,
+                "query": {"range": {"id": {"gt": last}}},
+                "sort": [{"id": "asc"}],
+                "limit": _ID_PAGE,
+                "max_matches": _ID_PAGE,
+                "_source": ["sent_at"],
+            }).encode(), "application/json")
+            page = [i for i in (_int(h.get("_id")) for h in self._hits(reply, "/search")[1])
+                    if i is not None]
+            ids.update(page)
+            if len(page) < _ID_PAGE or max(page) <= last:
+                return ids
+            last = max(page)
+
+    async def search(self, query: SearchQuery) -> SearchResult:
+        """Ranked hits of the query's tenant (its table and nothing else).
+
+        Raises InvalidQuery (nothing to search for), IndexRejected (e.g. the
+        tenant has no table yet), IndexUnavailable.
+        """
+        table = self.table_name(query.tenant_slug)
+        must: list[dict[str, object]] = (
+            [{"query_string": translate_query(query.text)}] if query.text.strip()
+            else [{"match_all": {}}])  # the empty query lists everything, newest first
+        must_not: list[dict[str, object]] = []
+        if query.date_from is not None or query.date_to is not None:
+            bounds: dict[str, int] = {}
+            if query.date_from is not None:
+                bounds["gte"] = epoch_seconds(query.date_from)
+            if query.date_to is not None:
+                bounds["lt"] = epoch_seconds(query.date_to)
+            must.append({"range": {"sent_at": bounds}})
+            # sent_at 0 stands for "no date": such mail is outside every range.
+            must_not.append({"equals": {"sent_at": 0}})
+        if query.sender is not None:
+            must.append({"equals": {"any(sender_ids)": _sender_key(query.sender)}})
+        if query.mailbox is not None:
+            must.append({"equals": {"any(mailbox_ids)": _mailbox_key(query.mailbox)}})
+        boolean: dict[str, object] = {"must": must}
+        if must_not:
+            boolean["must_not"] = must_not
+        request = {
+            "table": table,
+            "query": {"bool": boolean},
+            # Ties (equal scores) go newest first, then by id: stable pages.
+            # Ties: newest first, then the higher id (as the Postgres backend).
+            "sort": [{"_score": "desc"}, {"sent_at": "desc"}, {"id": "desc"}],
+            "track_scores": True,
+            "limit": query.limit,
+            "offset": query.offset,
+            # Paging past the default window errors unless max_matches covers
+            # offset+limit (Pagination.md, mail-notes 3.2).
+            "max_matches": max(_DEFAULT_MAX_MATCHES, query.offset + query.limit),
+            "_source": ["subject", "sender", "sent_at"],
+            "highlight": {
+                "fields": list(_SNIPPET_FIELDS),
+                "pre_tags": HIGHLIGHT_START,
+                "post_tags": HIGHLIGHT_END,
+            },
+            "options": {"field_weights": FIELD_WEIGHTS},
+        }
+        reply = await self._call("/search", json.dumps(request).encode(), "application/json")
+        total, raw_hits = self._hits(reply, "/search")
+        hits: list[SearchHit] = []
+        for raw in raw_hits:
+            archive_id = _int(raw.get("_id"))
+            if archive_id is None:
+                raise self._unavailable("/search", 200, "a hit without a numeric _id")
+            found = raw.get("_source")
+            source: dict[str, object] = found if isinstance(found, dict) else {}
+            score = raw.get("_score")
+            sent = _int(source.get("sent_at"))
+            hits.append(SearchHit(
+                archive_id=archive_id,
+                score=float(score) if isinstance(score, int | float) else 0.0,
+                subject=_str(source.get("subject")),
+                sender=_str(source.get("sender")),
+                sent_at=datetime.fromtimestamp(sent, UTC) if sent else None,
+                snippet=render_snippet(self._snippet(raw.get("highlight"))),
+            ))
+        return SearchResult(total=total, hits=tuple(hits))
+
+    @staticmethod
+    def _snippet(highlight: object) -> str:
+        """The first field with a highlighted match, else the body's start."""
+        if not isinstance(highlight, dict):
+            return ""
+        fragments: dict[str, list[str]] = {}
+        for name in _SNIPPET_FIELDS:
+            value = highlight.get(name)
+            if isinstance(value, str):
+                value = [value]
+            if isinstance(value, list):
+                fragments[name] = [f for f in value if isinstance(f, str) and f.strip()]
+        for name in _SNIPPET_FIELDS:
+            marked = [f for f in fragments.get(name, []) if HIGHLIGHT_START in f]
+            if marked:
+                return " … ".join(f.strip() for f in marked)
+        return " … ".join(f.strip() for f in fragments.get("body", []))
+
+    def _hits(self, reply: object, path: str) -> tuple[int, list[dict[str, object]]]:
+        hits = reply.get("hits") if isinstance(reply, dict) else None
+        if not isinstance(hits, dict):
+            raise self._unavailable(path, 200, "a reply without 'hits'")
+        total = _int(hits.get("total"))
+        items = hits.get("hits", [])
+        if total is None or not isinstance(items, list):
+            raise self._unavailable(path, 200, "'hits' without 'total' or 'hits'")
+        return total, [h for h in items if isinstance(h, dict)]
+
+    # -- HTTP ----------------------------------------------------------------
+
+    def _label(self, path: str) -> str:
+        return f"Manticore at {self._where} POST {path}"
+
+    def _unavailable(self, path: str, status: int, what: str) -> IndexUnavailable:
+        return IndexUnavailable(f"{self._label(path)}: HTTP {status} with {what}; "
+                                "retry later")
+
+    async def _call(self, path: str, content: bytes, content_type: str, *,
+                    params: dict[str, str] | None = None) -> object:
+        """POST and return the parsed JSON of a successful reply; translate
+        every failure into IndexUnavailable / IndexRejected / TableMissing."""
+        label = self._label(path)
+        try:
+            response = await self._client.post(
+                path, content=content, params=params,
+                headers={"Content-Type": content_type})
+        except httpx.TimeoutException as exc:
+            raise IndexUnavailable(
+                f"{label}: no answer within {self._timeout:g} s "
+                f"({type(exc).__name__}); retry later") from exc
+        except httpx.ConnectError as exc:
+            detail, tls = _describe(exc)
+            if tls:
+                raise IndexUnavailable(
+                    f"{label}: TLS handshake failed (certificates are verified; pass "
+                    f"verify=<CA bundle> for a private CA): {detail}") from exc
+            raise IndexUnavailable(f"{label}: cannot connect: {detail}; retry later") from exc
+        except httpx.TransportError as exc:
+            detail, _ = _describe(exc)
+            raise IndexUnavailable(
+                f"{label}: the connection failed mid-request ({detail}); retry later") from exc
+        except httpx.HTTPError as exc:
+            detail, _ = _describe(exc)
+            raise IndexUnavailable(f"{label}: {detail}") from exc
+
+        status = response.status_code
+        try:
+            payload: object = json.loads(response.content)
+        except ValueError:
+            payload = None
+        if payload is None:
+            snippet = _truncate(response.content[:200].decode("utf-8", "replace"))
+            what = f"a non-JSON body ({response.headers.get('content-type', 'no content type')}"
+            what += f": {snippet!r})" if snippet else ", empty)"
+            if 200 <= status < 300 or status >= 500 or status in _RETRYABLE_STATUS:
+                raise self._unavailable(path, status, what)
+            raise IndexRejected(f"{label}: HTTP {status} with {what}")
+        if 200 <= status < 300 and not _failed(payload):
+            return payload
+        message = _manticore_message(payload)
+        raise self._classify(path, status, message)
+
+    def _classify(self, path: str, status: int, message: str | None) -> Exception:
+        label = self._label(path)
+        said = f"Manticore said: {_truncate(message)}" if message else "no error message"
+        if status in (401, 403):
+            return IndexRejected(f"{label}: HTTP {status}, authentication or permission "
+                                 f"refused; check the configured credentials ({said})")
+        if message and _MISSING_TABLE.search(message):
+            return TableMissing(f"{label}: the tenant's table does not exist; run "
+                                f"ensure_schema for the tenant first ({said})")
+        if status in _RETRYABLE_STATUS:
+            return IndexUnavailable(f"{label}: HTTP {status}, busy or unreachable; retry "
+                                    f"later ({said})")
+        if 300 <= status < 400:
+            return IndexRejected(f"{label}: HTTP {status} redirect; point the URL at "
+                                 f"Manticore itself ({said})")
+        if message and _PERMANENT.search(message):
+            hint = ""
+            if "unknown column" in message:
+                hint = ("; the table's schema does not match this client (ensure_schema "
+                        "only creates missing tables: recreate the table and reindex)")
+            return IndexRejected(f"{label}: HTTP {status}, request refused{hint} ({said})")
+        if 400 <= status < 500:
+            return IndexRejected(f"{label}: HTTP {status}, request refused ({said})")
+        if status >= 500:
+            return IndexUnavailable(f"{label}: HTTP {status}; retry later ({said})")
+        # A 2xx whose body reports an error nobody documented.
+        return IndexRejected(f"{label}: HTTP {status} reporting a failure ({said})")
