@@ -103,7 +103,8 @@ def run_demo(url: str, settings: Settings, *, jobs: int, rate: float) -> int:
         async with Database.open(url, max_size=2) as db:
             await migrate(db)
             worker = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "nexarch_events", "--log-level", "warning", "worker"],
+                [sys.executable, "-m", "nexarch_events", "--log-level", "warning", "worker",
+                 "--handlers", "nexarch_events.handlers:LOGGING"],
                 env=dict(os.environ, NEXARCH_DATABASE_URL=url))
             print(f"worker process started (pid {worker.pid}); database {url}", flush=True)
             producer = _Producer(db, settings, jobs, rate)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 
-import trio
-
 from . import sqlfiles
 from .aio import Database
 from .errors import MigrationError
@@ -43,29 +41,28 @@ async def migrate(db: Database) -> list[int]:
     MigrationError if a migration that was already applied has changed since.
     """
     applied_now: list[int] = []
-    async with db.acquire() as conn:
-        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
-        try:
-            await conn.execute(_BOOTSTRAP)
-            rows = await conn.fetch("SELECT version, name, sha256 FROM nexarch_schema_migrations")
-            done = {row["version"]: (row["name"], row["sha256"]) for row in rows}
-            for version, name, sql in sqlfiles.migrations():
-                digest = _digest(sql)
-                if version in done:
-                    if done[version][1] != digest:
-                        raise MigrationError(
-                            f"migration {version:04d}_{name} was changed after it was applied; "
-                            "add a new migration instead of editing an applied one")
-                    continue
-                async with conn.transaction():
-                    await conn.execute(sql)
-                    await conn.execute(
-                        "INSERT INTO nexarch_schema_migrations (version, name, sha256) "
-                        "VALUES ($1, $2, $3)", version, name, digest)
-                log.info("migration applied version=%04d name=%s", version, name)
-                applied_now.append(version)
-        finally:
-            with trio.move_on_after(5, shield=True):
-                await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+    # One transaction for the whole run, under a transaction-level advisory
+    # lock: it can never outlive the transaction (a session lock could stay
+    # held on a pooled connection if the unlock were interrupted), and DDL is
+    # transactional in Postgres, so a failed run leaves nothing half applied.
+    async with db.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+        await conn.execute(_BOOTSTRAP)
+        rows = await conn.fetch("SELECT version, name, sha256 FROM nexarch_schema_migrations")
+        done = {row["version"]: (row["name"], row["sha256"]) for row in rows}
+        for version, name, sql in sqlfiles.migrations():
+            digest = _digest(sql)
+            if version in done:
+                if done[version][1] != digest:
+                    raise MigrationError(
+                        f"migration {version:04d}_{name} was changed after it was applied; "
+                        "add a new migration instead of editing an applied one")
+                continue
+            await conn.execute(sql)
+            await conn.execute(
+                "INSERT INTO nexarch_schema_migrations (version, name, sha256) "
+                "VALUES ($1, $2, $3)", version, name, digest)
+            log.info("migration applied version=%04d name=%s", version, name)
+            applied_now.append(version)
     return applied_now
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import cast
 
 from . import sqlfiles
-from .aio import Database, Row
+from .aio import Executor, Row
 from .errors import DatabaseError, InvalidJobError, JobNotFound, NoJobAvailable
 from .models import (
     DEFAULT_MAX_ATTEMPTS,
@@ -39,9 +39,10 @@ _SQL = sqlfiles.queries("queue.sql")
 
 
 class Queue:
-    """Access to ``mail_index_jobs``. Cheap to create; shares the caller's pool."""
+    """Access to ``mail_index_jobs``. Cheap to create; runs its statements on
+    the caller's pool (Database) or connection."""
 
-    def __init__(self, db: Database, settings: QueueSettings | None = None) -> None:
+    def __init__(self, db: Executor, settings: QueueSettings | None = None) -> None:
         self.db = db
         self.settings = settings or QueueSettings()
         #: Acks refused because the lease had been taken over (zombie acks),
@@ -178,6 +179,11 @@ class Queue:
             locked_by=row["locked_by"], last_error=row["last_error"],
             created_at=row["created_at"], updated_at=row["updated_at"],
             finished_at=row["finished_at"])
+
+    async def statuses(self, job_ids: Sequence[int]) -> dict[JobId, JobStatus]:
+        """Statuses of many jobs in one query; unknown ids are absent."""
+        rows = await self.db.fetch(_SQL["statuses"], [int(i) for i in job_ids])
+        return {JobId(r["id"]): JobStatus(r["status"]) for r in rows}
 
     async def requeue(self, job_id: int) -> RequeueResult:
         """Re-queue one failed job with fresh attempts. Raises JobNotFound if

@@ -31,11 +31,16 @@ class QueueService:
     """Listener + workers + sweeper for one process, sharing one pool."""
 
     def __init__(self, db: Database, settings: Settings,
-                 handlers: Mapping[str, BatchHandler], *, name: str | None = None) -> None:
+                 handlers: Mapping[str, BatchHandler], *, name: str | None = None,
+                 listen_job_events: bool = False) -> None:
         self.settings = settings
         self.queue = Queue(db, settings.queue)
-        self.listener = Listener(db.dsn, settings.queue,
-                                 channels=(INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL))
+        # Workers need only the wake-up channel; every ack notifies the
+        # job-events channel, and listening to it in every worker process
+        # would cost each of them a parse per batch for nothing.
+        channels = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL) if listen_job_events \
+            else (INDEX_JOBS_CHANNEL,)
+        self.listener = Listener(db.dsn, settings.queue, channels=channels)
         self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import trio
 
+from .aio import Connection, Database
 from .errors import ConfigurationError, DatabaseUnavailable, JobFailed
 from .models import ClaimedJob, Failure, JobId, JobType
 from .queue import Queue
@@ -119,10 +120,18 @@ def default_worker_name() -> str:
 
 
 class WorkerPool:
-    """N worker tasks and their heartbeat task, in one nursery (``run``)."""
+    """N worker tasks and their heartbeat task, in one nursery (``run``).
+
+    Each worker task claims and acknowledges on a connection of its own (no
+    pool acquire/release on the hot path); ``queue`` (on the pool) is used for
+    heartbeats, and for acks when a worker's connection broke.
+    """
 
     def __init__(self, queue: Queue, handlers: Mapping[JobType | str, BatchHandler],
                  settings: QueueSettings | None = None, *, name: str | None = None) -> None:
+        if not isinstance(queue.db, Database):
+            raise ConfigurationError("WorkerPool needs a Queue on a Database (a pool)")
+        self.dsn = queue.db.dsn
         self.queue = queue
         self.settings = settings or queue.settings
         self.handlers: dict[JobType, BatchHandler] = {JobType(k): v for k, v in handlers.items()}
@@ -168,21 +177,32 @@ class WorkerPool:
 
     async def _work(self, worker_id: str) -> None:
         delay = 0.05
-        while not self._stopping:
-            try:
-                jobs = await self.queue.claim(self.settings.batch_size, worker_id)
-            except DatabaseUnavailable as exc:
-                log.warning("claim failed, retrying in %.2fs: %s", delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, self.settings.reconnect_max)
-                continue
-            delay = 0.05
-            if not jobs:
-                await self.wakeups.wait()
-                continue
-            await self._process(jobs)
+        conn: Connection | None = None
+        try:
+            while not self._stopping:
+                try:
+                    if conn is None:
+                        conn = await Connection.open(self.dsn)
+                        queue = Queue(conn, self.settings)
+                    jobs = await queue.claim(self.settings.batch_size, worker_id)
+                except (DatabaseUnavailable, trio.TooSlowError) as exc:
+                    log.warning("claim failed, retrying in %.2fs: %s", delay, exc)
+                    if conn is not None:
+                        conn.abort()
+                        conn = None
+                    await trio.sleep(delay)
+                    delay = min(delay * 2, self.settings.reconnect_max)
+                    continue
+                delay = 0.05
+                if not jobs:
+                    await self.wakeups.wait()
+                    continue
+                await self._process(jobs, queue)
+        finally:
+            if conn is not None:
+                await conn.aclose()
 
-    async def _process(self, jobs: list[ClaimedJob]) -> None:
+    async def _process(self, jobs: list[ClaimedJob], queue: Queue) -> None:
         self.stats.claimed += len(jobs)
         for job in jobs:
             self._in_flight[job.id] = job
@@ -204,7 +224,7 @@ class WorkerPool:
             # hands back what it did not. Bounded: stale-lease reclaim covers
             # the case where Postgres does not answer in time.
             with trio.move_on_after(max(self.settings.stale_after, 5.0), shield=True):
-                await self._settle(done, unfinished)
+                await self._settle(done, unfinished, queue)
             for job in jobs:
                 self._in_flight.pop(job.id, None)
 
@@ -226,13 +246,14 @@ class WorkerPool:
                 outcomes[job.id] = failures.get(job.id)
 
     async def _settle(self, done: list[tuple[ClaimedJob, Failure | None]],
-                      unfinished: list[ClaimedJob]) -> None:
-        """Ack and release, retrying while Postgres is unreachable (a restart)."""
+                      unfinished: list[ClaimedJob], queue: Queue) -> None:
+        """Ack and release on the worker's connection; if that broke, through
+        the pool, retrying while Postgres is unreachable (a restart)."""
         delay = 0.05
         while done or unfinished:
             try:
                 if done:
-                    result = await self.queue.ack(done)
+                    result = await queue.ack(done)
                     for status in result.statuses.values():
                         if status == "succeeded":
                             self.stats.succeeded += 1
@@ -246,11 +267,12 @@ class WorkerPool:
                                     list(result.refused))
                     done = []
                 if unfinished:
-                    released = await self.queue.release(unfinished)
+                    released = await queue.release(unfinished)
                     self.stats.released += len(released)
                     unfinished = []
             except DatabaseUnavailable as exc:
                 log.warning("ack failed, retrying in %.2fs: %s", delay, exc)
+                queue = self.queue  # the pool reconnects by itself
                 await trio.sleep(delay)
                 delay = min(delay * 2, 2.0)
 

@@ -16,40 +16,10 @@ SELECT t.job_type, t.tenant_slug, t.message_id, t.payload::jsonb, t.max_attempts
 RETURNING id;
 
 -- name: claim
--- $1 limit, $2 worker id. Claims up to $1 ready jobs in one statement.
-WITH candidates AS (
-    SELECT j.id
-      FROM mail_index_jobs j
-     WHERE j.status = 'pending'
-       AND j.available_at <= now()
-       -- Guarantee 3 (per-key enqueue order): only the oldest open job of a
-       -- (tenant, message) may run. A job waiting for its retry still blocks
-       -- the jobs behind it, so a later delete cannot be overtaken by an
-       -- earlier index that is retried afterwards.
-       AND NOT EXISTS (
-             SELECT 1
-               FROM mail_index_jobs older
-              WHERE older.tenant_slug = j.tenant_slug
-                AND older.message_id = j.message_id
-                AND older.id < j.id
-                AND older.status IN ('pending', 'processing'))
-     ORDER BY j.available_at, j.id
-     LIMIT $1::int
-       -- Guarantee 2: concurrent claimers skip rows another claim holds.
-       FOR UPDATE SKIP LOCKED
-)
-UPDATE mail_index_jobs j
-   SET status = 'processing',
-       attempts = j.attempts + 1,
-       locked_at = now(),
-       locked_by = $2,
-       heartbeat_at = now(),
-       lease = gen_random_uuid(),
-       updated_at = now()
-  FROM candidates c
- WHERE j.id = c.id
-RETURNING j.id, j.job_type, j.tenant_slug, j.message_id, j.payload::text AS payload,
-          j.attempts, j.max_attempts, j.lease, j.created_at;
+-- $1 limit, $2 worker id. Claims up to $1 ready jobs in one statement; the
+-- statement and the reasons for each clause are in migration 0004.
+SELECT id, job_type, tenant_slug, message_id, payload, attempts, max_attempts, lease, created_at
+  FROM mail_index_jobs_claim($1::int, $2::text);
 
 -- name: ack
 -- One statement acknowledges a whole batch, successes and failures alike.
@@ -273,3 +243,7 @@ SELECT count(*) AS n
   FROM (SELECT 1 FROM mail_index_jobs
          WHERE status = 'pending' AND available_at <= now()
          LIMIT $1::int) ready;
+
+-- name: statuses
+-- Status of many jobs at once. $1 ids.
+SELECT id, status FROM mail_index_jobs WHERE id = ANY($1::bigint[]);

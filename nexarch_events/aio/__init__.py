@@ -4,6 +4,7 @@ trio_asyncio, asyncpg or aioimaplib. Everything it exports is trio-flavored."""
 from .pg import (
     Connection,
     Database,
+    Executor,
     ListenConnection,
     Row,
     execute_sync,
@@ -11,5 +12,5 @@ from .pg import (
     run,
 )
 
-__all__ = ["Connection", "Database", "ListenConnection", "Row", "execute_sync", "open_loop",
-           "run"]
+__all__ = ["Connection", "Database", "Executor", "ListenConnection", "Row", "execute_sync",
+           "open_loop", "run"]

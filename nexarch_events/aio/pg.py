@@ -76,8 +76,8 @@ async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs)
         raise ours from exc
 
 
-class _Queries:
-    """fetch/fetchrow/fetchval/execute over something asyncpg can run them on."""
+class Executor:
+    """fetch/fetchrow/fetchval/execute: a pool (Database) or one Connection."""
 
     _target: Any
 
@@ -97,11 +97,36 @@ class _Queries:
         return status
 
 
-class Connection(_Queries):
-    """One connection, held by the caller until the ``acquire`` block ends."""
+class Connection(Executor):
+    """One connection: from ``Database.acquire`` (returned to the pool when
+    the block ends) or from ``Connection.open`` (owned by the caller, who
+    closes it)."""
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._target = conn
+
+    @classmethod
+    async def open(cls, dsn: str, *, connect_timeout: float = 10.0,
+                   command_timeout: float | None = 60.0) -> Connection:
+        """A dedicated connection, e.g. one per worker task: no pool
+        acquire/release on its hot path."""
+        with trio.fail_after(connect_timeout + 1):
+            conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
+                              command_timeout=command_timeout)
+        return cls(conn)
+
+    async def aclose(self) -> None:
+        """Close politely, bounded; drop the socket if that does not finish."""
+        with trio.move_on_after(2, shield=True) as scope:
+            try:
+                await _hop(self._target.close)
+            except DatabaseError:
+                pass
+        if scope.cancelled_caught:
+            self.abort()
+
+    def abort(self) -> None:
+        self._target.terminate()
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Connection]:
@@ -118,7 +143,17 @@ class Connection(_Queries):
         await _hop(tx.commit)
 
 
-class Database(_Queries):
+async def _reset_pooled(conn: asyncpg.Connection) -> None:
+    # asyncpg's default reset runs "RESET ALL; UNLISTEN *; ..." on every
+    # release: a second round trip per call. Pooled connections here keep no
+    # session state (no SET, no LISTEN - the listener has its own connection -
+    # no session advisory locks), so ending a stray transaction is all a
+    # reset needs to do.
+    if conn.is_in_transaction():
+        await conn.execute("ROLLBACK")
+
+
+class Database(Executor):
     """A pool of connections. Owned by whoever opened it (``Database.open``)."""
 
     def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
@@ -139,7 +174,8 @@ class Database(_Queries):
         instead of hanging until the kernel gives up (minutes).
         """
         pool = await _hop(asyncpg.create_pool, dsn, min_size=min_size, max_size=max_size,
-                          timeout=connect_timeout, command_timeout=command_timeout)
+                          timeout=connect_timeout, command_timeout=command_timeout,
+                          reset=_reset_pooled)
         try:
             yield cls(pool, dsn)
         finally:
