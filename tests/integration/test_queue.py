@@ -593,3 +593,16 @@ async def test_schedule_reports_next_retry_and_oldest_heartbeat(queue: Queue) ->
     assert next_due is not None and oldest is not None
     assert timedelta(seconds=29) < next_due - now <= timedelta(seconds=31)
     assert oldest <= now
+
+
+async def test_plain_sql_updates_of_identity_columns_are_validated(queue: Queue,
+                                                                   db: Database) -> None:
+    from nexarch_events.errors import DatabaseError
+
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    for assignment in ("tenant_slug = 'Bad Slug'", "message_id = ''", "payload = '[1]'"):
+        with pytest.raises(DatabaseError) as info:
+            await db.execute(f"UPDATE mail_index_jobs SET {assignment} WHERE id = $1", job_id)
+        assert info.value.sqlstate == "23514", assignment
+    job = await queue.status(job_id)
+    assert (job.tenant_slug, job.message_id) == ("acme", "m1")
