@@ -24,7 +24,7 @@ from typing import Final, cast
 import trio
 
 from .aio import ListenConnection
-from .errors import DatabaseUnavailable
+from .errors import DatabaseError, DatabaseUnavailable
 from .models import JSONObject
 from .settings import QueueSettings
 
@@ -198,7 +198,9 @@ class Listener:
                     started = True
                     task_status.started()
                 await self._watch(conn, lost)
-            except DatabaseUnavailable as exc:
+            except DatabaseError as exc:
+                # Whatever broke on this connection, the remedy is the same:
+                # a fresh connection, and a RESYNC for every subscriber.
                 log.warning("listener connection lost: %s", exc)
             finally:
                 self._connected = False

@@ -129,6 +129,19 @@ class Queue:
             float(self.settings.backoff_base), self.settings.backoff_cap)
         return self._ack_result(rows, (job.id for job, _ in outcomes))
 
+    async def ack_and_claim(self, outcomes: Sequence[tuple[ClaimedJob, Failure | None]],
+                            limit: int, worker_id: str) -> tuple[AckResult, list[ClaimedJob]]:
+        """``ack`` then ``claim``, in one statement and one round trip."""
+        rows = await self.db.fetch(
+            _SQL["ack_and_claim"],
+            [job.id for job, _ in outcomes], [job.lease for job, _ in outcomes],
+            [None if f is None else _clip_error(f.error) for _, f in outcomes],
+            [False if f is None else f.permanent for _, f in outcomes],
+            float(self.settings.backoff_base), self.settings.backoff_cap, limit, worker_id)
+        acked = [row for row in rows if row["acked"]]
+        claimed = sorted((_claimed(row) for row in rows if not row["acked"]), key=lambda j: j.id)
+        return self._ack_result(acked, (job.id for job, _ in outcomes)), claimed
+
     async def complete(self, jobs: Sequence[ClaimedJob]) -> AckResult:
         """Mark jobs succeeded (seed: complete)."""
         return await self.ack([(job, None) for job in jobs])

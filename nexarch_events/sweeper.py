@@ -73,7 +73,10 @@ class Sweeper:
             self.wakeups.wake(ready)
         next_due, oldest_heartbeat, db_now = await self.queue.schedule()
         now = trio.current_time()
-        wake_at = now + s.drain_interval
+        # At least once per stale_after: another process may claim a job and
+        # die without this one hearing of the claim (claims notify nobody),
+        # so takeover after a crash stays bounded by about 2 x stale_after.
+        wake_at = now + min(s.drain_interval, s.stale_after)
         if next_due is not None:
             wake_at = min(wake_at, now + max((next_due - db_now).total_seconds(), 0.0))
         if oldest_heartbeat is not None:

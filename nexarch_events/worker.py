@@ -19,7 +19,7 @@ import trio
 
 from .aio import Connection, Database
 from .errors import ConfigurationError, DatabaseUnavailable, JobFailed
-from .models import ClaimedJob, Failure, JobId, JobType
+from .models import AckResult, ClaimedJob, Failure, JobId, JobType
 from .queue import Queue
 from .settings import QueueSettings
 
@@ -142,6 +142,9 @@ class WorkerPool:
         self.wakeups = WakeUps(self.settings.workers)
         self.stats = WorkerStats()
         self._in_flight: dict[JobId, ClaimedJob] = {}
+        #: in flight, but being acknowledged: a heartbeat that misses them
+        #: raced with their ack, their lease was not lost
+        self._settling: set[JobId] = set()
         self._stopping = False
         self._handler_scopes: set[trio.CancelScope] = set()
 
@@ -178,13 +181,16 @@ class WorkerPool:
     async def _work(self, worker_id: str) -> None:
         delay = 0.05
         conn: Connection | None = None
+        #: claimed and not yet started (the next batch, claimed with an ack)
+        jobs: list[ClaimedJob] = []
         try:
             while not self._stopping:
                 try:
                     if conn is None:
                         conn = await Connection.open(self.dsn)
                         queue = Queue(conn, self.settings)
-                    jobs = await queue.claim(self.settings.batch_size, worker_id)
+                    if not jobs:
+                        jobs = await queue.claim(self.settings.batch_size, worker_id)
                 except (DatabaseUnavailable, trio.TooSlowError) as exc:
                     log.warning("claim failed, retrying in %.2fs: %s", delay, exc)
                     if conn is not None:
@@ -197,16 +203,25 @@ class WorkerPool:
                 if not jobs:
                     await self.wakeups.wait()
                     continue
-                await self._process(jobs, queue)
+                batch, jobs = jobs, []
+                jobs = await self._process(batch, queue, worker_id)
         finally:
+            if jobs:  # claimed but never started: hand them back
+                with trio.move_on_after(5, shield=True):
+                    await self._settle([], jobs, self.queue)
             if conn is not None:
                 await conn.aclose()
 
-    async def _process(self, jobs: list[ClaimedJob], queue: Queue) -> None:
+    async def _process(self, jobs: list[ClaimedJob], queue: Queue,
+                       worker_id: str) -> list[ClaimedJob]:
+        """Run a batch and record its outcomes; returns the next batch when it
+        could be claimed in the same round trip as the acknowledgement."""
         self.stats.claimed += len(jobs)
         for job in jobs:
             self._in_flight[job.id] = job
         outcomes: dict[JobId, Failure | None] = {}
+        next_jobs: list[ClaimedJob] = []
+        finished_normally = False
         try:
             scope = trio.CancelScope()
             if self._stopping:
@@ -215,18 +230,44 @@ class WorkerPool:
             try:
                 with scope:
                     await self._run_handlers(jobs, outcomes)
+                finished_normally = not scope.cancelled_caught
             finally:
                 self._handler_scopes.discard(scope)
         finally:
             done = [(job, outcomes[job.id]) for job in jobs if job.id in outcomes]
             unfinished = [job for job in jobs if job.id not in outcomes]
+            self._settling.update(job.id for job in jobs)
             # Shielded: a cancelled worker still records what it finished and
             # hands back what it did not. Bounded: stale-lease reclaim covers
             # the case where Postgres does not answer in time.
             with trio.move_on_after(max(self.settings.stale_after, 5.0), shield=True):
+                if finished_normally and not unfinished and not self._stopping:
+                    try:
+                        result, next_jobs = await queue.ack_and_claim(
+                            done, self.settings.batch_size, worker_id)
+                        self._count(result)
+                        done = []
+                    except DatabaseUnavailable as exc:
+                        log.warning("ack failed, retrying through the pool: %s", exc)
+                        queue = self.queue
                 await self._settle(done, unfinished, queue)
             for job in jobs:
                 self._in_flight.pop(job.id, None)
+                self._settling.discard(job.id)
+        return next_jobs
+
+    def _count(self, result: AckResult) -> None:
+        for status in result.statuses.values():
+            if status == "succeeded":
+                self.stats.succeeded += 1
+            elif status == "failed":
+                self.stats.failed += 1
+            else:
+                self.stats.retried += 1
+        if result.refused:
+            self.stats.refused += len(result.refused)
+            log.warning("ack refused for jobs %s: their lease was taken over",
+                        list(result.refused))
 
     async def _run_handlers(self, jobs: list[ClaimedJob],
                             outcomes: dict[JobId, Failure | None]) -> None:
@@ -253,18 +294,7 @@ class WorkerPool:
         while done or unfinished:
             try:
                 if done:
-                    result = await queue.ack(done)
-                    for status in result.statuses.values():
-                        if status == "succeeded":
-                            self.stats.succeeded += 1
-                        elif status == "failed":
-                            self.stats.failed += 1
-                        else:
-                            self.stats.retried += 1
-                    if result.refused:
-                        self.stats.refused += len(result.refused)
-                        log.warning("ack refused for jobs %s: their lease was taken over",
-                                    list(result.refused))
+                    self._count(await queue.ack(done))
                     done = []
                 if unfinished:
                     released = await queue.release(unfinished)
@@ -288,6 +318,8 @@ class WorkerPool:
             except DatabaseUnavailable as exc:
                 log.warning("heartbeat failed: %s", exc)
                 continue
+            # A job acknowledged while the heartbeat ran is not lost.
+            lost = {i for i in lost if i in self._in_flight and i not in self._settling}
             if lost:
                 self.stats.lost_leases += len(lost)
                 log.warning("lost the lease of jobs %s (taken over after a stale heartbeat)",

@@ -22,72 +22,21 @@ SELECT id, job_type, tenant_slug, message_id, payload, attempts, max_attempts, l
   FROM mail_index_jobs_claim($1::int, $2::text);
 
 -- name: ack
--- One statement acknowledges a whole batch, successes and failures alike.
+-- One statement acknowledges a whole batch, successes and failures alike
+-- (migration 0006 has the statement and the reasons for each clause).
 -- $1 ids, $2 leases, $3 errors (NULL = success), $4 permanent flags,
--- $5 backoff base seconds, $6 backoff cap (attempts). Typed explicitly: left to
--- inference, $5 would be an integer (int * $5) and 0.5 s would become 0.
--- A row whose lease no longer matches (taken over after a stale heartbeat)
--- is not touched and not returned: the caller counts it as a refused ack.
-WITH acks AS (
-    SELECT a.id, a.lease, a.error, a.permanent
-      FROM unnest($1::bigint[], $2::uuid[], $3::text[], $4::bool[])
-           AS a(id, lease, error, permanent)
-),
-done AS (
-    UPDATE mail_index_jobs j
-       SET status = CASE
-                        WHEN a.error IS NULL THEN 'succeeded'
-                        WHEN a.permanent OR j.attempts >= j.max_attempts THEN 'failed'
-                        ELSE 'pending'
-                    END,
-           -- Seed backoff: min(attempts, cap) x base.
-           available_at = CASE
-                              WHEN a.error IS NOT NULL AND NOT a.permanent
-                                   AND j.attempts < j.max_attempts
-                              THEN now() + LEAST(j.attempts, $6::int) * $5::float8 * interval '1 second'
-                              ELSE j.available_at
-                          END,
-           last_error = COALESCE(a.error, j.last_error),
-           finished_at = CASE
-                             WHEN a.error IS NULL OR a.permanent
-                                  OR j.attempts >= j.max_attempts
-                             THEN now()
-                         END,
-           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
-           updated_at = now()
-      FROM acks a
-     WHERE j.id = a.id
-       AND j.lease = a.lease
- RETURNING j.id, j.tenant_slug, j.status, j.available_at
-),
-finished AS (
-    -- One notification per (outcome, tenant) and at most 200 ids, which keeps
-    -- every payload far below Postgres' 8000-byte limit.
-    SELECT pg_notify('nexarch_job_events', json_build_object(
-               'v', 1, 'event', g.status, 'tenant', g.tenant_slug, 'ids', g.ids)::text)
-      FROM (SELECT d.status, d.tenant_slug, array_agg(d.id ORDER BY d.id) AS ids
-              FROM (SELECT id, status, tenant_slug,
-                           (row_number() OVER (PARTITION BY status, tenant_slug ORDER BY id) - 1) / 200
-                               AS chunk
-                      FROM done
-                     WHERE status IN ('succeeded', 'failed')) d
-             GROUP BY d.status, d.tenant_slug, d.chunk) g
-),
-retries AS (
-    -- Every process's sweeper learns when the earliest retry falls due.
-    SELECT pg_notify('nexarch_index_jobs', json_build_object(
-               'v', 1, 'event', 'retry_scheduled', 'ready', 0,
-               'next_due', extract(epoch FROM min(available_at)))::text)
-      FROM done
-     WHERE status = 'pending'
-    HAVING count(*) > 0
-)
--- The two notify CTEs are plain SELECTs: Postgres evaluates them only when
--- referenced, hence the (always true) conditions.
-SELECT d.id, d.status
-  FROM done d
- WHERE (SELECT count(*) FROM finished) >= 0
-   AND (SELECT count(*) FROM retries) >= 0;
+-- $5 backoff base seconds, $6 backoff cap (attempts).
+SELECT id, status
+  FROM mail_index_jobs_ack($1::bigint[], $2::uuid[], $3::text[], $4::bool[], $5::float8,
+                           $6::int);
+
+-- name: ack_and_claim
+-- The ack above, then a claim of up to $7 jobs for worker $8, in one round
+-- trip. Rows with acked = true are ack results, the others claimed jobs.
+SELECT acked, id, status, job_type, tenant_slug, message_id, payload, attempts,
+       max_attempts, lease, created_at
+  FROM mail_index_jobs_ack_and_claim($1::bigint[], $2::uuid[], $3::text[], $4::bool[],
+                                     $5::float8, $6::int, $7::int, $8::text);
 
 -- name: heartbeat
 -- $1 ids, $2 leases. Returns the ids whose lease is still held.

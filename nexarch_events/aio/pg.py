@@ -58,6 +58,11 @@ def translate(exc: BaseException) -> DatabaseError | None:
                              constraint=getattr(exc, "constraint_name", None))
     if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
         return DatabaseUnavailable(f"connection lost: {exc}")
+    if isinstance(exc, asyncpg.InternalClientError):
+        # The server ended the session (restart, pg_terminate_backend) and
+        # asyncpg read the FATAL error before the close: the connection is
+        # half-broken ("cannot switch to state ..."). Same as a lost one.
+        return DatabaseUnavailable(f"connection unusable: {exc}")
     if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):
         return DatabaseUnavailable(f"connection closed: {exc}")
     if isinstance(exc, (OSError, asyncio.TimeoutError, EOFError)):

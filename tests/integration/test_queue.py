@@ -606,3 +606,19 @@ async def test_plain_sql_updates_of_identity_columns_are_validated(queue: Queue,
         assert info.value.sqlstate == "23514", assignment
     job = await queue.status(job_id)
     assert (job.tenant_slug, job.message_id) == ("acme", "m1")
+
+
+async def test_ack_and_claim_in_one_statement(queue: Queue) -> None:
+    index_id = await queue.enqueue_index("acme", "m1", {})
+    delete_id = await queue.enqueue_delete("acme", "m1")
+    other_id = await queue.enqueue_index("acme", "m2", {})
+    first = await queue.claim(1, "w")
+    assert [j.id for j in first] == [index_id]
+    result, following = await queue.ack_and_claim([(first[0], None)], 10, "w")
+    assert result.statuses == {index_id: JobStatus.SUCCEEDED} and result.refused == ()
+    # The ack ran first: the delete queued behind the index is claimable now.
+    assert [j.id for j in following] == [delete_id, other_id]
+    result, nothing = await queue.ack_and_claim(
+        [(following[0], None), (following[1], Failure("later"))], 10, "w")
+    assert result.statuses == {delete_id: JobStatus.SUCCEEDED, other_id: JobStatus.PENDING}
+    assert nothing == []
