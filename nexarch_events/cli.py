@@ -8,10 +8,12 @@ Exit codes: 0 success; 1 an operation failed (e.g. job not found);
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -91,12 +93,151 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings, url: str) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from .handlers import load_handlers
     from .service import serve
 
-    handlers = load_handlers(args.handlers)
-    aio_run(lambda: serve(settings, handlers, dsn=url, name=args.name))
+    if args.handlers:
+        from .handlers import load_handlers
+
+        handlers = load_handlers(args.handlers)
+        aio_run(lambda: serve(settings, handlers, dsn=url, name=args.name))
+        return EXIT_OK
+
+    async def run_indexer() -> None:
+        # The default: keep the configured search index in step with the archive.
+        from .index.factory import open_index
+        from .indexer import Indexer
+
+        async with Database.open(url, max_size=2) as db, open_index(settings, db) as backend:
+            await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=args.name)
+
+    aio_run(run_indexer)
     return EXIT_OK
+
+
+def _with_index(url: str, settings: Settings, fn: Callable[[Any, Any], Any]) -> Any:
+    """Run ``fn(db, backend)`` with a pool and the configured index backend."""
+    from .index.factory import open_index
+
+    async def go() -> Any:
+        async with Database.open(url, max_size=4) as db, open_index(settings, db) as backend:
+            return await fn(db, backend)
+
+    return aio_run(go)
+
+
+def cmd_archive(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .archive import Archive
+
+    files = [Path(f) for f in args.files]
+    for path in files:
+        if not path.is_file():
+            raise ConfigurationError(f"archive: {path} is not a file")
+
+    async def go(db: Any, backend: Any) -> None:
+        archive = Archive(db)
+        for path in files:
+            stored = await archive.store(args.tenant, path.read_bytes())
+            state = "archived" if stored.created else "already archived"
+            print(f"{path}\t{state}\tarchive_id={stored.archive_id}"
+                  + (f"\tindex_job={stored.job_id}" if stored.job_id else ""))
+
+    _with_index(url, settings, go)
+    return EXIT_OK
+
+
+def _parse_date(value: str | None, option: str) -> Any:
+    from datetime import UTC, datetime
+
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigurationError(f"{option} {value!r} is not a date (YYYY-MM-DD[THH:MM])") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .index.base import InvalidQuery, SearchQuery
+
+    try:
+        query = SearchQuery(args.tenant, args.query, sender=args.sender,
+                            date_from=_parse_date(args.since, "--since"),
+                            date_to=_parse_date(args.until, "--until"),
+                            mailbox=args.mailbox, limit=args.limit, offset=args.offset)
+    except InvalidQuery as exc:
+        raise ConfigurationError(f"search: {exc}") from exc
+
+    async def go(db: Any, backend: Any) -> Any:
+        return await backend.search(query)
+
+    result = _with_index(url, settings, go)
+    if args.json:
+        print(json.dumps({"total": result.total, "hits": [_jsonable(asdict(h))
+                                                          for h in result.hits]}, indent=2))
+        return EXIT_OK
+    shown = f"{args.offset + 1}-{args.offset + len(result.hits)}" if result.hits else "none"
+    print(f"{result.total} match(es), showing {shown}")
+    for hit in result.hits:
+        when = hit.sent_at.strftime("%Y-%m-%d") if hit.sent_at else "----------"
+        print(f"{hit.archive_id:>10}  {when}  {hit.sender[:40]:<40}  {hit.subject[:80]}")
+        snippet = hit.snippet.replace("<mark>", "[").replace("</mark>", "]")
+        print(f"{'':>12}{html.unescape(snippet)[:160]}")
+    return EXIT_OK
+
+
+def _progress_bar(label: str) -> Callable[[int, int, int], None]:
+    last = [0.0]
+
+    def show(done: int, failed: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < 0.1:
+            return
+        last[0] = now
+        width = 30
+        filled = width * done // max(total, 1)
+        bar = "#" * filled + "." * (width - filled)
+        tail = f" ({failed} failed)" if failed else ""
+        print(f"\r{label} [{bar}] {done}/{total}{tail}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_reindex(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .reindex import reindex
+
+    async def go(db: Any, backend: Any) -> Any:
+        return await reindex(db, settings, backend, args.tenant,
+                             progress=_progress_bar(f"reindex {args.tenant}"))
+
+    result = _with_index(url, settings, go)
+    print(f"reindexed tenant {result.tenant_slug}: {result.indexed} message(s) indexed, "
+          f"{result.removed} stale document(s) removed, {result.failed} failed")
+    return EXIT_OK if result.failed == 0 else EXIT_FAILED
+
+
+def cmd_verify_index(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .archive import Archive
+    from .reindex import verify
+
+    async def go(db: Any, backend: Any) -> Any:
+        tenants = [args.tenant] if args.tenant else await Archive(db).tenants()
+        return [await verify(db, backend, tenant) for tenant in tenants]
+
+    reports = _with_index(url, settings, go)
+    consistent = True
+    for report in reports:
+        consistent &= report.consistent
+        print(f"{report.tenant_slug}: {report.archived} archived, {report.indexed} indexed, "
+              f"{len(report.missing)} missing, {len(report.extra)} extra"
+              + ("" if report.consistent else "  <- run: nexarch-events reindex --tenant "
+                 + report.tenant_slug))
+        for label, ids in (("missing", report.missing), ("extra", report.extra)):
+            if ids:
+                print(f"  {label}: {' '.join(map(str, ids[:20]))}"
+                      + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else ""))
+    return EXIT_OK if consistent else EXIT_FAILED
 
 
 def _queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
@@ -181,8 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("migrate", help="apply pending schema migrations").set_defaults(fn=cmd_migrate)
 
     worker = sub.add_parser("worker", help="run the workers, listener and sweeper until SIGTERM")
-    worker.add_argument("--handlers", default="nexarch_events.handlers:LOGGING",
-                        help="module:NAME of a mapping job type -> batch handler")
+    worker.add_argument("--handlers",
+                        help="module:NAME of a mapping job type -> batch handler "
+                             "(default: index the archive into the configured backend)")
     worker.add_argument("--workers", type=int, help="worker tasks (NEXARCH_QUEUE_WORKERS)")
     worker.add_argument("--batch-size", type=int, help="jobs per claim (NEXARCH_QUEUE_BATCH_SIZE)")
     worker.add_argument("--name", help="worker name recorded in locked_by (default host:pid)")
@@ -208,6 +350,32 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("--job-type", choices=["index", "delete"])
     requeue.add_argument("--all", action="store_true", help="every failed job")
     requeue.set_defaults(fn=cmd_requeue)
+
+    archive = sub.add_parser("archive", help="archive .eml files for a tenant (and index them)")
+    archive.add_argument("--tenant", required=True)
+    archive.add_argument("files", nargs="+")
+    archive.set_defaults(fn=cmd_archive)
+
+    search = sub.add_parser("search", help="search a tenant's mail")
+    search.add_argument("--tenant", required=True)
+    search.add_argument("query", help='words, "phrases", -exclude, OR')
+    search.add_argument("--sender", help="only mail from this address")
+    search.add_argument("--since", help="sent at or after (YYYY-MM-DD[THH:MM], UTC)")
+    search.add_argument("--until", help="sent before")
+    search.add_argument("--mailbox", help="only mail seen in this mailbox")
+    search.add_argument("--limit", type=int, default=20)
+    search.add_argument("--offset", type=int, default=0)
+    search.add_argument("--json", action="store_true", help="machine-readable output")
+    search.set_defaults(fn=cmd_search)
+
+    reindex = sub.add_parser("reindex", help="rebuild a tenant's index from the archive")
+    reindex.add_argument("--tenant", required=True)
+    reindex.set_defaults(fn=cmd_reindex)
+
+    verify = sub.add_parser("verify-index",
+                            help="report documents missing from or extra in the index")
+    verify.add_argument("--tenant", help="one tenant (default: every tenant in the archive)")
+    verify.set_defaults(fn=cmd_verify_index)
 
     demo = sub.add_parser("demo", help="a worker process plus a producer; shows jobs handled")
     demo.add_argument("--jobs", type=int, default=300)

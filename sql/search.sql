@@ -53,7 +53,9 @@ matches AS (
      LIMIT $8::int OFFSET $9::int
 )
 SELECT m.archive_id, m.subject, m.sender, m.sent_at, m.score, m.total,
-       nexarch_mail_headline($1::regconfig[], left(m.body, 20000), q.query,
+       -- ts_headline re-parses its input (per language) for every hit: the
+       -- first 5,000 characters keep a search in milliseconds.
+       nexarch_mail_headline($1::regconfig[], left(m.body, 5000), q.query,
                              'StartSel=' || U&'\E000' || ', StopSel=' || U&'\E001'
                              || ', MaxFragments=2, MaxWords=25, MinWords=8') AS snippet
   FROM matches m, q

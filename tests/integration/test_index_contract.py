@@ -185,7 +185,7 @@ async def test_paging(backend: IndexBackend) -> None:
         assert result.total == 25
         pages.append([h.archive_id for h in result.hits])
     assert [len(p) for p in pages] == [10, 10, 5]
-    assert sorted(sum(pages, [])) == list(range(1, 26))
+    assert sorted(i for page in pages for i in page) == list(range(1, 26))
     past_the_end = await backend.search(SearchQuery("tenant-a", "penguin", offset=100))
     assert past_the_end.total == 25 and past_the_end.hits == ()
 

@@ -1,0 +1,165 @@
+"""The job handlers that keep a search index in step with the archive.
+
+index jobs: load the archived bytes, parse them (in a worker thread, so the
+trio loop keeps heartbeating and waking), write the batch with ONE backend
+call. delete jobs: one backend call per tenant.
+
+One bad message fails one job: a message that cannot be parsed fails its job
+permanently with the parser's message; if the backend rejects a batch, the
+batch is split in halves until the rejected documents are isolated, and the
+rest are written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+
+import trio
+
+from . import mime, sqlfiles
+from .aio import Database
+from .archive import Archive, StoredMessage
+from .errors import DatabaseUnavailable
+from .index.base import IndexBackend, IndexDocument, IndexRejected, IndexUnavailable
+from .models import ClaimedJob, Failure, JobId
+from .worker import BatchHandler
+
+log = logging.getLogger(__name__)
+_SQL = sqlfiles.queries("archive.sql")
+
+
+#: Batches up to this many raw bytes are parsed on the trio thread.
+INLINE_PARSE_BYTES = 256 * 1024
+
+
+class NotAnArchiveId(ValueError):
+    pass
+
+
+def archive_id_of(job: ClaimedJob) -> int:
+    """Jobs for archived mail carry the archive id as their queue key."""
+    try:
+        value = int(job.message_id)
+    except ValueError:
+        raise NotAnArchiveId(
+            f"message id {job.message_id[:80]!r} is not an archive id "
+            "(index and delete jobs name the archived message by its id)") from None
+    if value < 1:
+        raise NotAnArchiveId(f"archive id {value} is not positive")
+    return value
+
+
+def _parse(stored: StoredMessage, max_text_chars: int
+           ) -> tuple[IndexDocument | None, str | None, tuple[str, ...]]:
+    """(document, error, notes): runs in a worker thread."""
+    try:
+        parsed = mime.parse_message(stored.raw, max_text_chars=max_text_chars)
+    except mime.MimeError as exc:
+        return None, f"cannot parse archived message {stored.archive_id}: {exc}", ()
+    document = mime.to_index_document(parsed, archive_id=stored.archive_id,
+                                      tenant_slug=stored.tenant_slug,
+                                      mailboxes=stored.mailboxes, size_bytes=stored.size_bytes)
+    return document, None, parsed.notes
+
+
+class Indexer:
+    def __init__(self, db: Database, backend: IndexBackend, *,
+                 max_text_chars: int = mime.DEFAULT_MAX_TEXT_CHARS) -> None:
+        self.db = db
+        self.archive = Archive(db)
+        self.backend = backend
+        self.max_text_chars = max_text_chars
+        self._schemas: set[str] = set()
+
+    def handlers(self) -> dict[str, BatchHandler]:
+        return {"index": self.index_batch, "delete": self.delete_batch}
+
+    async def index_batch(self, jobs: Sequence[ClaimedJob]) -> Mapping[JobId, Failure]:
+        failures: dict[JobId, Failure] = {}
+        wanted: dict[JobId, tuple[str, int]] = {}
+        for job in jobs:
+            try:
+                wanted[job.id] = (job.tenant_slug, archive_id_of(job))
+            except NotAnArchiveId as exc:
+                failures[job.id] = Failure(str(exc), permanent=True)
+        stored = await self.archive.load(list(wanted.values()))
+        todo = [(job, stored[wanted[job.id][1]]) for job in jobs
+                if job.id in wanted and wanted[job.id][1] in stored]
+        # A job whose message is no longer archived has nothing to index: the
+        # delete that removed it is queued behind this job and wins.
+        def parse_all() -> list[tuple[IndexDocument | None, str | None, tuple[str, ...]]]:
+            return [_parse(message, self.max_text_chars) for _, message in todo]
+
+        if sum(message.size_bytes for _, message in todo) <= INLINE_PARSE_BYTES:
+            # Small batches parse faster than a thread handoff (measured:
+            # ~0.3 ms for a 15 KB mail, ~1 ms for the handoff on 2 cores).
+            parsed = parse_all()
+        else:
+            # Big ones go to a thread, so the trio loop keeps heartbeating.
+            parsed = await trio.to_thread.run_sync(parse_all)
+        documents: list[tuple[ClaimedJob, IndexDocument]] = []
+        notes: dict[int, tuple[str, tuple[str, ...]]] = {}
+        for (job, message), (document, error, message_notes) in zip(todo, parsed, strict=True):
+            if error is not None:
+                failures[job.id] = Failure(error, permanent=True)
+            elif document is not None:
+                documents.append((job, document))
+            if message_notes:
+                notes[message.archive_id] = (message.tenant_slug, message_notes)
+        for tenant in {document.tenant_slug for _, document in documents} - self._schemas:
+            await self._ensure_schema(tenant)
+        await self._upsert(documents, failures)
+        if notes:
+            await self._record_notes(notes)
+        return failures
+
+    async def delete_batch(self, jobs: Sequence[ClaimedJob]) -> Mapping[JobId, Failure]:
+        failures: dict[JobId, Failure] = {}
+        by_tenant: dict[str, list[tuple[ClaimedJob, int]]] = {}
+        for job in jobs:
+            try:
+                by_tenant.setdefault(job.tenant_slug, []).append((job, archive_id_of(job)))
+            except NotAnArchiveId as exc:
+                failures[job.id] = Failure(str(exc), permanent=True)
+        for tenant, pairs in by_tenant.items():
+            try:
+                await self.backend.delete(tenant, [archive_id for _, archive_id in pairs])
+            except (IndexUnavailable, IndexRejected) as exc:
+                permanent = isinstance(exc, IndexRejected)
+                for job, _ in pairs:
+                    failures[job.id] = Failure(str(exc), permanent=permanent)
+        return failures
+
+    async def _ensure_schema(self, tenant: str) -> None:
+        await self.backend.ensure_schema(tenant)
+        self._schemas.add(tenant)
+
+    async def _upsert(self, pairs: list[tuple[ClaimedJob, IndexDocument]],
+                      failures: dict[JobId, Failure]) -> None:
+        if not pairs:
+            return
+        try:
+            await self.backend.upsert([document for _, document in pairs])
+        except IndexUnavailable as exc:
+            for job, _ in pairs:
+                failures[job.id] = Failure(str(exc))
+        except IndexRejected as exc:
+            if len(pairs) == 1:
+                failures[pairs[0][0].id] = Failure(str(exc), permanent=True)
+                return
+            middle = len(pairs) // 2
+            await self._upsert(pairs[:middle], failures)
+            await self._upsert(pairs[middle:], failures)
+
+    async def _record_notes(self, notes: dict[int, tuple[str, tuple[str, ...]]]) -> None:
+        for archive_id, (tenant, message_notes) in notes.items():
+            log.warning("indexed with notes tenant=%s archive_id=%d notes=%s",
+                        tenant, archive_id, "; ".join(message_notes))
+        try:
+            await self.db.execute(_SQL["set_notes"], list(notes),
+                                  [tenant for tenant, _ in notes.values()],
+                                  [json.dumps(list(n)) for _, n in notes.values()])
+        except DatabaseUnavailable:
+            log.warning("could not record index notes for %d message(s)", len(notes))

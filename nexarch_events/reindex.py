@@ -1,0 +1,108 @@
+"""Index consistency: compare the index with the archive, and rebuild it.
+
+``reindex`` goes through the queue rather than writing the index directly:
+an index job per archived message and a delete job per document the archive
+no longer has. The queue orders them with any concurrent delete of the same
+message (guarantee 3), so a rebuild can never resurrect a deleted message.
+It runs workers of its own, so it also completes when no worker runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import trio
+
+from .aio import Database
+from .archive import Archive
+from .index.base import IndexBackend
+from .indexer import Indexer
+from .models import JobType, NewJob, validate_tenant_slug
+from .notify import JOB_EVENTS_CHANNEL, Notification
+from .service import QueueService
+from .settings import Settings
+
+Progress = Callable[[int, int, int], None]  # done, failed, total
+
+
+@dataclass(frozen=True, slots=True)
+class IndexReport:
+    tenant_slug: str
+    archived: int
+    indexed: int
+    #: archived but not in the index
+    missing: tuple[int, ...]
+    #: in the index but not archived (any more)
+    extra: tuple[int, ...]
+
+    @property
+    def consistent(self) -> bool:
+        return not self.missing and not self.extra
+
+
+@dataclass(frozen=True, slots=True)
+class ReindexResult:
+    tenant_slug: str
+    indexed: int
+    removed: int
+    failed: int
+
+
+async def verify(db: Database, backend: IndexBackend, tenant_slug: str) -> IndexReport:
+    validate_tenant_slug(tenant_slug)
+    archived = set(await Archive(db).ids(tenant_slug))
+    indexed = await backend.document_ids(tenant_slug)
+    return IndexReport(tenant_slug, len(archived), len(indexed),
+                       tuple(sorted(archived - indexed)), tuple(sorted(indexed - archived)))
+
+
+async def reindex(db: Database, settings: Settings, backend: IndexBackend, tenant_slug: str,
+                  progress: Progress | None = None) -> ReindexResult:
+    """Rebuild one tenant's index from the archive. Blocks until every job it
+    enqueued has finished (succeeded or failed for good)."""
+    validate_tenant_slug(tenant_slug)
+    archived = await Archive(db).ids(tenant_slug)
+    extra = sorted(await backend.document_ids(tenant_slug) - set(archived))
+    jobs = [NewJob(JobType.INDEX, tenant_slug, str(i), {"archive_id": i, "reindex": True})
+            for i in archived]
+    jobs += [NewJob(JobType.DELETE, tenant_slug, str(i)) for i in extra]
+    if not jobs:
+        return ReindexResult(tenant_slug, 0, 0, 0)
+    await backend.ensure_schema(tenant_slug)
+    service = QueueService(db, settings, Indexer(db, backend).handlers(), name="reindex",
+                           listen_job_events=True)
+    events = service.listener.subscribe(JOB_EVENTS_CHANNEL)
+    pending: set[int] = set()
+    done = failed = 0
+    total = len(jobs)
+    async with trio.open_nursery() as nursery:
+        # Listening before enqueuing: no outcome can be missed.
+        await nursery.start(service.run)
+        for start in range(0, len(jobs), 5000):
+            pending.update(await service.queue.enqueue_many(jobs[start:start + 5000]))
+        if progress:
+            progress(0, 0, total)
+        async for event in events:
+            if not isinstance(event, Notification):
+                # Missed notifications: ask the table which of ours are finished.
+                statuses = await service.queue.statuses(sorted(pending))
+                for job_id, status in statuses.items():
+                    if status in ("succeeded", "failed"):
+                        pending.discard(job_id)
+                        done += 1
+                        failed += status == "failed"
+            else:
+                data = event.json()
+                ids = data.get("ids")
+                for finished in ids if isinstance(ids, list) else []:
+                    if isinstance(finished, int) and finished in pending:
+                        pending.discard(finished)
+                        done += 1
+                        failed += data.get("event") == "failed"
+            if progress:
+                progress(done, failed, total)
+            if not pending:
+                break
+        await service.shutdown()
+    return ReindexResult(tenant_slug, indexed=len(archived), removed=len(extra), failed=failed)

@@ -1,0 +1,207 @@
+"""Archive -> queue -> worker -> search index, end to end, in one process.
+
+Waits are on the job-events channel (the event contract), never on sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.archive import Archive, Location
+from nexarch_events.index.base import IndexBackend, SearchQuery
+from nexarch_events.index.postgres import PostgresIndex
+from nexarch_events.indexer import Indexer
+from nexarch_events.models import JobStatus, JobType, NewJob
+from nexarch_events.notify import JOB_EVENTS_CHANNEL, Notification, Subscription
+from nexarch_events.queue import Queue
+from nexarch_events.reindex import reindex, verify
+from nexarch_events.service import QueueService
+from nexarch_events.settings import QueueSettings, Settings
+from tests.support.mailgen import hostile_messages, realistic_messages, unique_token
+
+
+class Pipeline:
+    def __init__(self, db: Database, service: QueueService, backend: IndexBackend,
+                 events: Subscription) -> None:
+        self.db, self.service, self.backend, self.events = db, service, backend, events
+        self.archive = Archive(db)
+        self.queue: Queue = service.queue
+        self.outcomes: dict[int, str] = {}
+
+    async def wait_jobs(self, job_ids: set[int], within: float = 60) -> dict[int, str]:
+        """Outcomes of these jobs, from job-events notifications."""
+        with trio.fail_after(within):
+            while not job_ids <= set(self.outcomes):
+                event = await self.events.receive()
+                if isinstance(event, Notification):
+                    data = event.json()
+                    for job_id in data.get("ids") or []:  # type: ignore[union-attr]
+                        self.outcomes[int(job_id)] = str(data["event"])  # type: ignore[arg-type]
+                else:  # RESYNC: read the table
+                    for job_id, status in (await self.queue.statuses(sorted(job_ids))).items():
+                        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+                            self.outcomes[job_id] = status.value
+        return {i: self.outcomes[i] for i in job_ids}
+
+    async def search(self, text: str, tenant: str = "acme") -> list[int]:
+        result = await self.backend.search(SearchQuery(tenant, text, limit=100))
+        return [hit.archive_id for hit in result.hits]
+
+
+@pytest.fixture
+async def pipeline(db: Database, fast_settings: QueueSettings) -> AsyncIterator[Pipeline]:
+    backend = PostgresIndex(db)
+    settings = Settings(queue=fast_settings).with_queue(drain_interval=60.0, batch_size=20)
+    service = QueueService(db, settings, Indexer(db, backend).handlers(),
+                           listen_job_events=True)
+    events = service.listener.subscribe(JOB_EVENTS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        yield Pipeline(db, service, backend, events)
+        nursery.cancel_scope.cancel()
+
+
+async def test_archived_mail_becomes_searchable(pipeline: Pipeline) -> None:
+    raws = list(realistic_messages(30, seed=1))
+    stored = [await pipeline.archive.store("acme", raw, Location("INBOX", 1, n + 1))
+              for n, raw in enumerate(raws)]
+    outcomes = await pipeline.wait_jobs({s.job_id for s in stored if s.job_id})
+    assert set(outcomes.values()) == {"succeeded"}
+    for n, s in enumerate(stored):
+        assert await pipeline.search(unique_token(n)) == [s.archive_id]
+    assert await pipeline.search(unique_token(0), tenant="other") == []
+    hit = (await pipeline.backend.search(SearchQuery("acme", unique_token(3),
+                                                     mailbox="INBOX"))).hits[0]
+    assert hit.archive_id == stored[3].archive_id
+
+
+async def test_plain_sql_archive_then_enqueue_is_indexed(pipeline: Pipeline) -> None:
+    """Another program archives with plain SQL and enqueues with plain SQL."""
+    raw = next(iter(realistic_messages(1, seed=7)))
+    archive_id = await pipeline.db.fetchval(
+        "INSERT INTO mail_archive (tenant_slug, sha256, size_bytes, raw) "
+        "VALUES ('acme', sha256($1), length($1), $1) RETURNING id", raw)
+    job_id = await pipeline.db.fetchval(
+        "INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id) "
+        "VALUES ('index', 'acme', $1) RETURNING id", str(archive_id))
+    assert await pipeline.wait_jobs({job_id}) == {job_id: "succeeded"}
+    assert await pipeline.search(unique_token(0)) == [archive_id]
+
+
+async def test_delete_enqueued_after_index_wins(pipeline: Pipeline) -> None:
+    raws = list(realistic_messages(40, seed=2))
+    jobs: set[int] = set()
+    deleted: list[int] = []
+    kept: list[tuple[int, int]] = []
+    for n, raw in enumerate(raws):
+        stored = await pipeline.archive.store("acme", raw)
+        assert stored.job_id is not None
+        jobs.add(stored.job_id)
+        if n % 2 == 0:
+            # Deleted right away: the delete may be claimed before the index
+            # job ran, and must still win.
+            delete_job = await pipeline.archive.delete("acme", stored.archive_id)
+            assert delete_job is not None
+            jobs.add(delete_job)
+            deleted.append(n)
+        else:
+            kept.append((n, stored.archive_id))
+    assert set((await pipeline.wait_jobs(jobs)).values()) == {"succeeded"}
+    for n in deleted:
+        assert await pipeline.search(unique_token(n)) == []
+    for n, archive_id in kept:
+        assert await pipeline.search(unique_token(n)) == [archive_id]
+    report = await verify(pipeline.db, pipeline.backend, "acme")
+    assert report.consistent, report
+
+
+async def test_hostile_messages_fail_alone_and_the_worker_goes_on(pipeline: Pipeline) -> None:
+    good = list(realistic_messages(6, seed=3))
+    jobs: dict[int, str] = {}
+    archive_ids: dict[str, int] = {}
+    hostile = hostile_messages()
+    # Good and hostile interleaved, so that they share claim batches.
+    for n, (name, raw) in enumerate(hostile):
+        if n < len(good):
+            stored = await pipeline.archive.store("acme", good[n])
+            assert stored.job_id is not None
+            jobs[stored.job_id] = f"good-{n}"
+            archive_ids[f"good-{n}"] = stored.archive_id
+        if not raw:
+            continue  # the archive refuses empty input before any job exists
+        stored = await pipeline.archive.store("acme", raw)
+        if stored.job_id is not None:
+            jobs[stored.job_id] = name
+    outcomes = await pipeline.wait_jobs(set(jobs), within=180)
+    for job_id, name in jobs.items():
+        if name.startswith("good-"):
+            assert outcomes[job_id] == "succeeded", name
+            n = int(name.split("-")[1])
+            assert await pipeline.search(unique_token(n)) == [archive_ids[name]]
+        elif outcomes[job_id] == "failed":
+            job = await pipeline.queue.status(job_id)
+            assert job.last_error and job.last_error.startswith("cannot parse archived message"), \
+                (name, job.last_error)
+            assert job.attempts == 1  # permanent: no pointless retries
+    # The worker survived all of it.
+    after = await pipeline.archive.store("acme", next(iter(realistic_messages(1, seed=99))))
+    assert after.job_id is not None
+    assert await pipeline.wait_jobs({after.job_id}) == {after.job_id: "succeeded"}
+
+
+async def test_caps_are_recorded_not_silent(pipeline: Pipeline) -> None:
+    big = (b"From: a@example.org\r\nSubject: big\r\nContent-Type: text/plain\r\n\r\n"
+           + b"capybara " + b"word " * 300_000)  # 1.5 MB of text: above the body cap
+    stored = await pipeline.archive.store("acme", big)
+    assert stored.job_id is not None
+    assert await pipeline.wait_jobs({stored.job_id}) == {stored.job_id: "succeeded"}
+    notes = await pipeline.db.fetchval("SELECT index_notes FROM mail_archive WHERE id = $1",
+                                       stored.archive_id)
+    assert notes and any("truncated" in note for note in notes), notes
+    assert await pipeline.search("capybara") == [stored.archive_id]
+
+
+async def test_jobs_that_do_not_name_an_archive_fail_clearly(pipeline: Pipeline) -> None:
+    ids = await pipeline.queue.enqueue_many([
+        NewJob(JobType.INDEX, "acme", "<not-an-archive-id@example.org>", {}),
+        NewJob(JobType.DELETE, "acme", "-5", {}),
+    ])
+    outcomes = await pipeline.wait_jobs(set(ids))
+    assert set(outcomes.values()) == {"failed"}
+    first = await pipeline.queue.status(ids[0])
+    assert first.last_error is not None and "is not an archive id" in first.last_error
+
+
+async def test_reindex_rebuilds_and_verify_reports(db: Database,
+                                                   fast_settings: QueueSettings) -> None:
+    settings = Settings(queue=fast_settings).with_queue(drain_interval=60.0)
+    backend = PostgresIndex(db)
+    archive = Archive(db)
+    stored = [await archive.store("acme", raw) for raw in realistic_messages(25, seed=4)]
+    # No worker ran yet (their index jobs wait), and the index holds a stale
+    # document the archive never had.
+    await backend.upsert([_stale_document()])
+    before = await verify(db, backend, "acme")
+    assert len(before.missing) == 25 and before.extra == (999_999,)
+    seen: list[tuple[int, int, int]] = []
+    result = await reindex(db, settings, backend, "acme",
+                           progress=lambda d, f, t: seen.append((d, f, t)))
+    assert (result.indexed, result.removed, result.failed) == (25, 1, 0)
+    assert seen[-1] == (26, 0, 26)
+    after = await verify(db, backend, "acme")
+    assert after.consistent and after.indexed == 25
+    hits = [h.archive_id for h in (await backend.search(SearchQuery("acme",
+                                                                    unique_token(5)))).hits]
+    assert hits == [stored[5].archive_id]
+
+
+def _stale_document():  # type: ignore[no-untyped-def]
+    from nexarch_events.index.base import IndexDocument
+
+    return IndexDocument(archive_id=999_999, tenant_slug="acme", subject="stale", sender="",
+                         sender_addresses=(), recipients="", body="gone", attachment_names=(),
+                         attachment_text="", sent_at=None)
