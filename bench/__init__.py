@@ -1,0 +1,1 @@
+"""Benchmarks of the queue (see bench/README.md). Not part of the package."""
