@@ -13,6 +13,7 @@ then resets (or drops) the connection before it goes back to the pool.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
@@ -22,6 +23,8 @@ import trio
 import trio_asyncio  # type: ignore[import-untyped]
 
 from ..errors import DatabaseError, DatabaseUnavailable
+
+log = logging.getLogger(__name__)
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -33,18 +36,38 @@ Row = Mapping[str, Any]
 _UNAVAILABLE_SQLSTATE_PREFIXES = ("08", "57P", "53300")
 
 
-def open_loop() -> Any:
+def _log_orphan_error(loop: object, context: dict[str, Any]) -> None:
+    """asyncio reports errors nobody awaits here: e.g. a connection lost
+    during asyncpg's TLS negotiation of a connect attempt that was already
+    abandoned ("Future exception was never retrieved"). trio-asyncio's
+    default re-raises them into its nursery, which ends the whole program:
+    one orphaned future would take a worker process down. Every call that
+    matters is awaited and raises where it is awaited; these are logged."""
+    exc = context.get("exception")
+    log.warning("asyncio reported an error outside any awaited call: %s%s",
+                context.get("message", "unhandled error"),
+                f": {type(exc).__name__}: {exc}" if exc is not None else "")
+
+
+@asynccontextmanager
+async def open_loop() -> AsyncIterator[Any]:
     """The asyncio loop every trio program using this package runs inside.
 
     ``async with open_loop(): ...`` around the code (or use :func:`run`).
     """
-    return trio_asyncio.open_loop()
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(_log_orphan_error)
+        yield loop
 
 
 def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """``trio.run`` with the asyncio loop this package needs already open."""
-    result: T = trio_asyncio.run(async_fn, *args)
-    return result
+
+    async def with_loop() -> T:
+        async with open_loop():
+            return await async_fn(*args)
+
+    return trio.run(with_loop)
 
 
 def translate(exc: BaseException) -> DatabaseError | None:
