@@ -1,8 +1,9 @@
-"""Built-in job handlers.
+"""Handlers that only log, and loading handlers by name.
 
-Until the search backends exist (a later issue), ``nexarch-events worker``
-runs these: they log each job and succeed. Pass ``--handlers module:NAME``
-to run your own (a mapping from job type to a BatchHandler).
+``nexarch-events worker`` indexes archived mail by default (``indexer.py``);
+``--handlers module:NAME`` runs a mapping from job type to BatchHandler of
+your own instead. ``LOGGING`` logs each job and succeeds: the queue demo
+uses it, and it is a template for your own.
 """
 
 from __future__ import annotations
