@@ -52,3 +52,28 @@ class JobFailed(NexarchError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class ImapError(NexarchError):
+    """Talking to an IMAP server failed; the message says what and where."""
+
+
+class ImapUnavailable(ImapError):
+    """The server could not be reached, cut the connection, said BYE or stopped
+    answering (retry later; the next run resumes from the persisted UID)."""
+
+
+class ImapTlsError(ImapUnavailable):
+    """TLS could not be set up: certificate not trusted, name mismatch, no STARTTLS."""
+
+
+class ImapAuthError(ImapError):
+    """The server refused the login (wrong user or password, or no session)."""
+
+
+class ImapCommandError(ImapError):
+    """The server answered NO or BAD to a command."""
+
+
+class ImapProtocolError(ImapError):
+    """The server's reply does not parse, or breaks a rule we rely on."""

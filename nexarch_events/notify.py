@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 #: Channel names: the public event contract, see docs/events.md.
 INDEX_JOBS_CHANNEL: Final = "nexarch_index_jobs"
 JOB_EVENTS_CHANNEL: Final = "nexarch_job_events"
+MAIL_IMPORTED_CHANNEL: Final = "nexarch_mail_imported"
+IMPORT_REQUESTS_CHANNEL: Final = "nexarch_import_requests"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,47 +1,13 @@
 -- Named queries of the archive (nexarch_events/archive.py).
 
 -- name: store
--- One statement, one transaction: the message row (once per tenant and
--- content hash), its index job (only when the row is new), and where it was
--- seen. $1 tenant, $2 sha256, $3 size, $4 raw, $5 mailbox or NULL,
--- $6 uidvalidity, $7 uid.
--- Returns no row if a concurrent transaction inserted the same message and
--- committed after this statement's snapshot: the caller runs it again.
-WITH inserted AS (
-    INSERT INTO mail_archive (tenant_slug, sha256, size_bytes, raw)
-    VALUES ($1, $2, $3::int, $4)
-    ON CONFLICT (tenant_slug, sha256) DO NOTHING
-    RETURNING id
-),
-message AS (
-    SELECT id, true AS created FROM inserted
-    UNION ALL
-    SELECT a.id, false
-      FROM mail_archive a
-     WHERE a.tenant_slug = $1 AND a.sha256 = $2
-       AND NOT EXISTS (SELECT 1 FROM inserted)
-),
-job AS (
-    -- The queue key is the archive id, so a later delete of this message is
-    -- ordered behind its index job (guarantee 3).
-    INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, payload)
-    SELECT 'index', $1, m.id::text, jsonb_build_object('archive_id', m.id)
-      FROM message m
-     WHERE m.created
-    RETURNING id
-),
-location AS (
-    INSERT INTO mail_archive_locations (archive_id, tenant_slug, mailbox, uidvalidity, uid)
-    SELECT m.id, $1, $5::text, $6::bigint, $7::bigint
-      FROM message m
-     WHERE $5::text IS NOT NULL
-    ON CONFLICT (tenant_slug, mailbox, uidvalidity, uid) DO NOTHING
-    RETURNING archive_id
-)
-SELECT m.id, m.created,
-       (SELECT id FROM job) AS job_id,
-       (SELECT count(*) FROM location) AS locations_added
-  FROM message m;
+-- The message row (once per tenant and content hash), its index job (only
+-- when the row is new), and where it was seen: one statement, one
+-- transaction, through the one archive path (mail_archive_store, migration
+-- 0008), which the importer uses too. $1 tenant, $2 sha256, $3 size, $4 raw,
+-- $5 mailbox or NULL, $6 uidvalidity, $7 uid.
+SELECT archive_id AS id, created, job_id, location_added
+  FROM mail_archive_store($1, $2, $3::int, $4, $5::text, $6::bigint, $7::bigint);
 
 -- name: load
 -- Raw bytes and mailboxes of archived messages, scoped to each id's tenant.

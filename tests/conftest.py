@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from nexarch_events.aio import Database, execute_sync, open_loop
+from nexarch_events.aio import Database, execute_sync
 from nexarch_events.aio import run as aio_run
 from nexarch_events.embedded import EmbeddedPostgres
 from nexarch_events.migrations import migrate
@@ -117,10 +117,14 @@ def empty_database_url(pg_server: PgServer) -> Iterator[str]:
 
 
 @pytest.fixture
-async def aio_loop() -> AsyncIterator[None]:
-    """The asyncio loop asyncpg runs in (trio-asyncio), for this test."""
-    async with open_loop():
-        yield
+def aio_loop(nexarch_loop: None) -> None:
+    """The asyncio loop asyncpg runs in (trio-asyncio), for this test: the
+    package's own pytest plugin provides it (nexarch_events.pytest_plugin)."""
+
+
+@pytest.fixture
+def nexarch_database_url(database_url: str) -> str:
+    return database_url
 
 
 @pytest.fixture

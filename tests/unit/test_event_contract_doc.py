@@ -23,10 +23,15 @@ def emitted() -> set[tuple[str, str]]:
 def test_every_emitted_event_is_documented() -> None:
     doc = (ROOT / "docs" / "events.md").read_text()
     events = emitted()
-    assert {c for c, _ in events} == {notify.INDEX_JOBS_CHANNEL, notify.JOB_EVENTS_CHANNEL}
+    assert {c for c, _ in events} == {notify.INDEX_JOBS_CHANNEL, notify.JOB_EVENTS_CHANNEL,
+                                      notify.MAIL_IMPORTED_CHANNEL,
+                                      notify.IMPORT_REQUESTS_CHANNEL}
     for channel, event in events:
         assert f"`{channel}`" in doc
         if event != "*":  # job events take their name from the status column
             assert f"`{event}`" in doc, event
     for status_event in ("succeeded", "failed"):
         assert f"`{status_event}`" in doc
+    # mail_import_message names its event after the import mode.
+    for import_event in ("imported", "recovered", "unstable"):
+        assert f"`{import_event}`" in doc

@@ -1,0 +1,392 @@
+"""IMAP for trio: aioimaplib's protocol layer, run through trio-asyncio.
+
+Only the wire framing of aioimaplib is used (``IMAP4ClientProtocol``: lines,
+literals, tagged completion). The commands are issued here, because its
+high-level client has no STARTTLS, does not quote user names, leaves EXAMINE
+in the wrong state and hangs forever on a BYE during IDLE (aioimaplib #110)
+or a connection cut mid-reply. Every call here therefore
+
+- races the command against the connection's loss (a cut fails it at once),
+- runs under a trio deadline (a silent server fails it after ``timeout``),
+- and after any failure or cancellation marks the session broken: its
+  protocol state is unknown, so it is aborted, never reused.
+
+Replies come back raw: untagged lines as ``bytes`` and literals as
+``bytearray`` (the framing keeps that distinction, which is what lets a
+parser tell a message body from the text around it). Parsing them is
+``nexarch_events.importer.protocol``'s job.
+
+Secrets: aioimaplib logs every line it sends at DEBUG, and its password
+scrubbing misses quoted passwords; its logger is capped at WARNING here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import trio
+import trio_asyncio  # type: ignore[import-untyped]
+from aioimaplib import aioimaplib  # type: ignore[import-untyped]
+
+from ..errors import (
+    ImapAuthError,
+    ImapCommandError,
+    ImapError,
+    ImapTlsError,
+    ImapUnavailable,
+)
+
+log = logging.getLogger(__name__)
+logging.getLogger("aioimaplib").setLevel(logging.WARNING)
+logging.getLogger("aioimaplib.aioimaplib").setLevel(logging.WARNING)
+
+T = TypeVar("T")
+
+#: A reply line (``bytes``) or a literal's content (``bytearray``).
+ReplyPart = bytes | bytearray
+
+TLS_MODES = ("implicit", "starttls", "plain")
+
+
+@dataclass(frozen=True, slots=True)
+class ImapEndpoint:
+    """Where and how to connect. ``tls``: "implicit" (port 993 style),
+    "starttls", or "plain" (only when explicitly configured). Certificates
+    are always verified when TLS is on: against ``ca_file`` if given, else
+    the system's trust store."""
+
+    host: str
+    port: int
+    tls: str = "implicit"
+    ca_file: str | None = None
+    #: Longest wait for connect, greeting, login or one command.
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.tls not in TLS_MODES:
+            raise ValueError(f"tls must be one of {', '.join(TLS_MODES)}, got {self.tls!r}")
+
+    def describe(self) -> str:
+        return f"{self.host}:{self.port} ({self.tls})"
+
+
+def _ssl_context(endpoint: ImapEndpoint) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=endpoint.ca_file)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    return ctx
+
+
+def quote(value: str) -> str:
+    """An IMAP quoted string (RFC 3501 §4.3). Refuses what a quoted string
+    cannot carry, instead of sending something else."""
+    if any(ch in value for ch in "\r\n\x00") or not value.isascii():
+        raise ImapError("value has CR, LF, NUL or non-ASCII characters, which an IMAP "
+                        "quoted string cannot carry")
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class ImapSession:
+    """One logged-in IMAP connection. Not safe for concurrent use: one
+    command at a time, from one trio task. Close with :meth:`aclose`."""
+
+    def __init__(self, endpoint: ImapEndpoint, protocol: Any, lost: asyncio.Event) -> None:
+        self.endpoint = endpoint
+        self._protocol = protocol
+        self._lost = lost
+        self._broken: str | None = None
+
+    # -- opening -----------------------------------------------------------
+
+    @classmethod
+    async def open(cls, endpoint: ImapEndpoint, username: str, password: str) -> ImapSession:
+        """Connect, (STARTTLS,) log in. Blocks up to ``endpoint.timeout`` per
+        step. Raises ImapUnavailable, ImapTlsError or ImapAuthError. The
+        caller owns the session and must ``aclose()`` it."""
+        user_arg, password_arg = quote(username), quote(password)
+        holder: list[ImapSession] = []
+        try:
+            with trio.fail_after(endpoint.timeout):
+                protocol, lost = await trio_asyncio.aio_as_trio(_aio_connect)(endpoint)
+            session = cls(endpoint, protocol, lost)
+            holder.append(session)
+            if endpoint.tls == "starttls":
+                await session._starttls()
+            reply = await session._call(session._command_sync, "LOGIN", user_arg,
+                                        password_arg, scrub=password_arg)
+        except trio.TooSlowError:
+            for s in holder:
+                s.abort()
+            raise ImapUnavailable(f"{endpoint.describe()}: no greeting within "
+                                  f"{endpoint.timeout:g} s") from None
+        except BaseException:
+            for s in holder:
+                s.abort()
+            raise
+        result, lines = reply
+        if result != "OK":
+            session.abort()
+            text = _text(lines)
+            raise ImapAuthError(f"{endpoint.describe()}: login as {username!r} refused: {text}")
+        protocol.state = aioimaplib.AUTH
+        await session._refresh_capabilities()
+        return session
+
+    async def _starttls(self) -> None:
+        if "STARTTLS" not in self.capabilities:
+            self.abort()
+            raise ImapTlsError(f"{self.endpoint.describe()}: server does not offer STARTTLS; "
+                               "use tls=implicit, or tls=plain only on a trusted network")
+        result, lines = await self._call(self._command_sync, "STARTTLS")
+        if result != "OK":
+            self.abort()
+            raise ImapTlsError(f"{self.endpoint.describe()}: STARTTLS refused: {_text(lines)}")
+        await self._call(self._upgrade_tls)
+        await self._refresh_capabilities()
+
+    # -- the commands the importer needs -----------------------------------
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset(c.upper() for c in self._protocol.capabilities)
+
+    @property
+    def broken(self) -> str | None:
+        """Why this session may not be used any more, or None."""
+        return self._broken
+
+    async def examine(self, mailbox_arg: str) -> list[ReplyPart]:
+        """EXAMINE (read-only SELECT): fetching never changes flags. Returns the
+        untagged lines; raises ImapCommandError on NO/BAD (no such mailbox)."""
+        lines = await self._ok(self._command_sync, "EXAMINE", mailbox_arg)
+        self._protocol.state = aioimaplib.SELECTED
+        return lines
+
+    async def uid_search(self, criteria: str) -> list[ReplyPart]:
+        """``UID SEARCH <criteria>``, e.g. ``"UID 5:*"`` or ``"ALL"``; returns
+        the untagged data (UIDs, without the SEARCH keyword)."""
+        return await self._ok(self._uid_search, criteria)
+
+    async def uid_fetch(self, uid_set: str, items: str, *,
+                        limit: float | None = None) -> list[ReplyPart]:
+        return await self._ok(self._fetch, uid_set, items, True, limit=limit)
+
+    async def fetch(self, seq_set: str, items: str, *,
+                    limit: float | None = None) -> list[ReplyPart]:
+        return await self._ok(self._fetch, seq_set, items, False, limit=limit)
+
+    async def noop(self) -> list[ReplyPart]:
+        return await self._ok(self._command_async, "NOOP")
+
+    async def idle(self, max_wait: float) -> list[bytes]:
+        """IDLE until the server pushes something or ``max_wait`` passes, then
+        DONE. Returns the pushed lines (empty on timeout). A BYE, a cut or a
+        server that does not confirm DONE raises ImapUnavailable."""
+        if "IDLE" not in self.capabilities:
+            raise ImapCommandError(f"{self.endpoint.describe()}: server has no IDLE")
+        pushed: list[bytes] = await self._call(self._idle, max_wait,
+                                               limit=max_wait + self.endpoint.timeout)
+        for line in pushed:
+            if line.upper().startswith(b"BYE"):
+                self._break("server said BYE during IDLE")
+                raise ImapUnavailable(f"{self.endpoint.describe()}: server ended the IDLE "
+                                      f"session: {line[:200]!r}")
+        return pushed
+
+    async def aclose(self) -> None:
+        """LOGOUT, bounded (shielded, at most 2 s); the socket is closed either way."""
+        if self._broken is None:
+            with trio.move_on_after(2, shield=True):
+                try:
+                    await self._call(self._command_sync, "LOGOUT", limit=2)
+                except ImapError:
+                    pass
+        self.abort()
+
+    def abort(self) -> None:
+        """Drop the connection now."""
+        if self._broken is None:
+            self._broken = "closed"
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.abort()
+
+    # -- trio side -----------------------------------------------------------
+
+    async def _ok(self, fn: Callable[..., Awaitable[tuple[str, list[ReplyPart]]]],
+                  *args: object, limit: float | None = None) -> list[ReplyPart]:
+        result, lines = await self._call(fn, *args, limit=limit)
+        if result != "OK":
+            raise ImapCommandError(f"{self.endpoint.describe()}: {fn.__name__.strip('_')} "
+                                   f"{' '.join(map(str, args))[:120]} answered {result}: "
+                                   f"{_text(lines)}")
+        # The last part is the tagged completion's text.
+        return lines[:-1]
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: object,
+                    limit: float | None = None, scrub: str | None = None) -> T:
+        if self._broken is not None:
+            raise ImapUnavailable(f"{self.endpoint.describe()}: session unusable "
+                                  f"({self._broken})")
+        if limit is None:
+            limit = self.endpoint.timeout
+        kwargs = {} if scrub is None else {"scrub": scrub}
+        try:
+            with trio.fail_after(limit):
+                result: T = await trio_asyncio.aio_as_trio(self._race)(fn, *args, **kwargs)
+                return result
+        except trio.TooSlowError:
+            self._break(f"no answer within {limit:g} s")
+            raise ImapUnavailable(f"{self.endpoint.describe()}: no answer within "
+                                  f"{limit:g} s") from None
+        except trio.Cancelled:
+            self._break("cancelled mid-command")
+            raise
+        except ImapError:
+            raise
+        except Exception as exc:
+            self._break(f"{type(exc).__name__}: {exc}")
+            raise _translate(self.endpoint, exc) from exc
+
+    def _break(self, why: str) -> None:
+        if self._broken is None:
+            self._broken = why
+        transport = self._protocol.transport
+        if transport is not None:
+            transport.abort()
+
+    async def _refresh_capabilities(self) -> None:
+        await self._call(self._protocol.capability)
+
+    # -- asyncio side (run through trio_asyncio) ---------------------------
+
+    async def _race(self, fn: Callable[..., Awaitable[T]], *args: object,
+                    **kwargs: object) -> T:
+        op = asyncio.ensure_future(fn(*args, **kwargs))
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            await asyncio.wait({op, lost}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            lost.cancel()
+            if not op.done():
+                op.cancel()
+        if op.done() and not op.cancelled():
+            return op.result()
+        raise ConnectionResetError("connection closed by the server")
+
+    async def _command_sync(self, name: str, *args: str,
+                            scrub: str | None = None) -> tuple[str, list[ReplyPart]]:
+        p = self._protocol
+        cmd = aioimaplib.Command(name, p.new_tag(), *args, loop=p.loop)
+        response = await p.execute(cmd, scrub=scrub)
+        return response.result, list(response.lines)
+
+    async def _command_async(self, name: str, *args: str) -> tuple[str, list[ReplyPart]]:
+        p = self._protocol
+        cmd = aioimaplib.Command(name, p.new_tag(), *args, loop=p.loop)
+        response = await p.execute(cmd)
+        return response.result, list(response.lines)
+
+    async def _uid_search(self, criteria: str) -> tuple[str, list[ReplyPart]]:
+        p = self._protocol
+        cmd = aioimaplib.Command("SEARCH", p.new_tag(), criteria, prefix="UID", loop=p.loop)
+        response = await p.execute(cmd)
+        return response.result, list(response.lines)
+
+    async def _fetch(self, message_set: str, items: str,
+                     by_uid: bool) -> tuple[str, list[ReplyPart]]:
+        p = self._protocol
+        cmd = aioimaplib.FetchCommand(p.new_tag(), message_set, items,
+                                      prefix="UID" if by_uid else None, loop=p.loop)
+        response = await p.execute(cmd)
+        return response.result, list(response.lines)
+
+    async def _upgrade_tls(self) -> None:
+        p = self._protocol
+        loop = asyncio.get_running_loop()
+        p.transport = await loop.start_tls(p.transport, p, _ssl_context(self.endpoint),
+                                           server_hostname=self.endpoint.host,
+                                           ssl_handshake_timeout=self.endpoint.timeout)
+
+    async def _idle(self, max_wait: float) -> list[bytes]:
+        p = self._protocol
+        while not p.idle_queue.empty():
+            p.idle_queue.get_nowait()
+        cmd = aioimaplib.IdleCommand(p.new_tag(), p.idle_queue, loop=p.loop)
+        running = asyncio.ensure_future(p.execute(cmd))
+        try:
+            started = asyncio.ensure_future(p.wait_for_idle_response())
+            await asyncio.wait({running, started}, return_when=asyncio.FIRST_COMPLETED)
+            started.cancel()
+            if running.done():
+                response = running.result()
+                raise ImapCommandError(f"IDLE answered {response.result}: "
+                                       f"{_text(list(response.lines))}")
+            pushed: list[bytes] = []
+            try:
+                batch = await asyncio.wait_for(p.idle_queue.get(), max_wait)
+                pushed.extend(bytes(line) for line in batch)
+            except TimeoutError:
+                pass
+            if any(line.upper().startswith(b"BYE") for line in pushed):
+                return pushed
+            p.idle_done()
+            await running
+            while not p.idle_queue.empty():
+                pushed.extend(bytes(line) for line in p.idle_queue.get_nowait())
+            return pushed
+        finally:
+            if not running.done():
+                running.cancel()
+
+
+async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:
+    loop = asyncio.get_running_loop()
+    lost = asyncio.Event()
+    protocol = aioimaplib.IMAP4ClientProtocol(loop, lambda _exc: lost.set())
+    ctx = _ssl_context(endpoint) if endpoint.tls == "implicit" else None
+    try:
+        await loop.create_connection(lambda: protocol, endpoint.host, endpoint.port, ssl=ctx,
+                                     ssl_handshake_timeout=endpoint.timeout if ctx else None)
+    except ssl.SSLCertVerificationError as exc:
+        raise ImapTlsError(f"{endpoint.describe()}: certificate not trusted: "
+                           f"{exc.verify_message}; pass the CA with ca_file") from exc
+    except (OSError, ssl.SSLError) as exc:
+        raise ImapUnavailable(f"{endpoint.describe()}: cannot connect: "
+                              f"{type(exc).__name__}: {exc}") from exc
+    # The greeting makes aioimaplib ask for CAPABILITY; NONAUTH after both.
+    greeted = asyncio.ensure_future(protocol.wait(f"{aioimaplib.NONAUTH}|{aioimaplib.AUTH}"))
+    gone = asyncio.ensure_future(lost.wait())
+    try:
+        await asyncio.wait({greeted, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not greeted.done():
+            greeted.cancel()
+    if not greeted.done() or greeted.cancelled():
+        raise ImapUnavailable(f"{endpoint.describe()}: connection closed before the greeting")
+    return protocol, lost
+
+
+def _translate(endpoint: ImapEndpoint, exc: BaseException) -> ImapError:
+    where = endpoint.describe()
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return ImapTlsError(f"{where}: certificate not trusted: {exc.verify_message}")
+    if isinstance(exc, ssl.SSLError):
+        return ImapTlsError(f"{where}: TLS failed: {exc}")
+    if isinstance(exc, (OSError, EOFError, asyncio.TimeoutError, aioimaplib.CommandTimeout)):
+        return ImapUnavailable(f"{where}: connection lost: {type(exc).__name__}: {exc}")
+    if isinstance(exc, aioimaplib.AioImapException):
+        return ImapUnavailable(f"{where}: protocol state lost: {exc}")
+    return ImapUnavailable(f"{where}: {type(exc).__name__}: {exc}")
+
+
+def _text(lines: list[ReplyPart]) -> str:
+    if not lines:
+        return "(no text)"
+    last = lines[-1]
+    return bytes(last).decode("utf-8", "replace")[:300]

@@ -1,0 +1,181 @@
+"""Sync state per (tenant, mailbox), as in the seed (reference/
+seed-imapimport-state.go.txt): get-or-create with the default interval, get,
+set interval, and the advance, which here is part of each message's import
+transaction (``import_message``) so that progress, archive, index job and
+notification commit together or not at all.
+
+The state lives only in Postgres: a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from .. import sqlfiles
+from ..aio import Executor, Row
+from ..archive import Archived, content_hash
+from ..errors import InvalidJobError, JobNotFound
+from ..models import JobId, validate_tenant_slug
+
+_SQL = sqlfiles.queries("importer.sql")
+
+DEFAULT_INTERVAL_SECONDS = 300
+MAX_INTERVAL_SECONDS = 7 * 24 * 3600
+MAILBOX_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@+/-]{0,199}$"
+
+
+def validate_mailbox_name(name: str) -> str:
+    """The operator's name of a registered mailbox (unique per tenant)."""
+    if not isinstance(name, str) or not re.fullmatch(MAILBOX_NAME_PATTERN, name):
+        raise InvalidJobError(
+            f"mailbox name {str(name)[:60]!r} is invalid: use 1-200 of A-Z a-z 0-9 . _ @ + / -, "
+            "starting with a letter or digit")
+    return name
+
+
+def validate_interval(seconds: int) -> int:
+    if isinstance(seconds, bool) or not isinstance(seconds, int) \
+            or not 1 <= seconds <= MAX_INTERVAL_SECONDS:
+        raise InvalidJobError(f"interval must be 1..{MAX_INTERVAL_SECONDS} seconds, "
+                              f"got {seconds!r}")
+    return seconds
+
+
+@dataclass(frozen=True, slots=True)
+class SyncState:
+    tenant_slug: str
+    mailbox_name: str
+    last_uidvalidity: int
+    last_synced_uid: int
+    interval_seconds: int
+    imported_total: int = 0
+    server_uidnext: int | None = None
+    server_exists: int | None = None
+    last_run_started_at: datetime | None = None
+    last_run_finished_at: datetime | None = None
+    last_success_at: datetime | None = None
+    last_error: str | None = None
+    warning: str | None = None
+    sync_requested_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Row) -> SyncState:
+        return cls(**{name: row[name] for name in cls.__slots__})
+
+
+@dataclass(frozen=True, slots=True)
+class RunStart:
+    """What ``begin`` decided: ``mode`` is first, delta, resync or unstable."""
+
+    mode: str
+    last_synced_uid: int
+    old_uidvalidity: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingFailure:
+    uid: int
+    attempts: int
+    last_error: str
+
+
+class StateStore:
+    """The seed's Store, over any executor (the pool, or a run's own
+    connection that holds the run lock)."""
+
+    def __init__(self, db: Executor) -> None:
+        self.db = db
+
+    async def get_or_create(self, tenant_slug: str, mailbox_name: str) -> SyncState:
+        _check(tenant_slug, mailbox_name)
+        for _ in range(3):  # a concurrent create may commit after our snapshot
+            row = await self.db.fetchrow(_SQL["state_get_or_create"], tenant_slug, mailbox_name)
+            if row is not None:
+                return SyncState.from_row(row)
+        raise JobNotFound(f"sync state of {tenant_slug}/{mailbox_name} could not be created")
+
+    async def get(self, tenant_slug: str, mailbox_name: str) -> SyncState:
+        """Raises JobNotFound if the mailbox has no state yet."""
+        _check(tenant_slug, mailbox_name)
+        row = await self.db.fetchrow(_SQL["state_get"], tenant_slug, mailbox_name)
+        if row is None:
+            raise JobNotFound(f"no sync state for mailbox {mailbox_name!r} of "
+                              f"tenant {tenant_slug!r}")
+        return SyncState.from_row(row)
+
+    async def set_interval(self, tenant_slug: str, mailbox_name: str, seconds: int) -> None:
+        """Persist the mailbox's sync interval (survives restarts)."""
+        _check(tenant_slug, mailbox_name)
+        validate_interval(seconds)
+        row = await self.db.fetchrow(_SQL["state_set_interval"], tenant_slug, mailbox_name,
+                                     seconds)
+        if row is None:
+            raise JobNotFound(f"no sync state for mailbox {mailbox_name!r} of "
+                              f"tenant {tenant_slug!r}")
+
+    async def request_sync(self, tenant_slug: str, mailbox_name: str) -> None:
+        """Ask every running scheduler to run this mailbox now."""
+        _check(tenant_slug, mailbox_name)
+        row = await self.db.fetchrow(_SQL["request_sync"], tenant_slug, mailbox_name)
+        if row is None:
+            raise JobNotFound(f"no mailbox {mailbox_name!r} in tenant {tenant_slug!r}")
+
+    # -- used by a sync run, on the connection that holds the run lock ------
+
+    async def begin(self, tenant_slug: str, mailbox_name: str, uidvalidity: int | None,
+                    uidnext: int | None, exists: int | None) -> RunStart:
+        row = await self.db.fetchrow(_SQL["begin"], tenant_slug, mailbox_name, uidvalidity,
+                                     uidnext, exists)
+        assert row is not None
+        return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"])
+
+    async def import_message(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
+                             uid: int | None, mode: str, raw: bytes) -> Archived:
+        """Archive + index job + location + (mode "new") advance to ``uid`` +
+        NOTIFY: one statement, one transaction."""
+        row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
+                                     uidvalidity, uid, mode, content_hash(raw), len(raw), raw)
+        assert row is not None
+        return Archived(archive_id=row["archive_id"], created=row["created"],
+                        job_id=None if row["job_id"] is None else JobId(row["job_id"]),
+                        location_added=row["location_added"])
+
+    async def record_failure(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
+                             uid: int, error: str, *, retry: bool) -> int:
+        """Remember a message the server would not hand over (and, unless
+        ``retry``, advance past it): one transaction. Returns its attempts."""
+        attempts: int = await self.db.fetchval(_SQL["record_failure"], tenant_slug,
+                                               mailbox_name, uidvalidity, uid, error, retry)
+        return attempts
+
+    async def pending_failures(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
+                               max_attempts: int) -> list[PendingFailure]:
+        rows = await self.db.fetch(_SQL["pending_failures"], tenant_slug, mailbox_name,
+                                   uidvalidity, max_attempts)
+        return [PendingFailure(r["uid"], r["attempts"], r["last_error"]) for r in rows]
+
+    async def failures(self, tenant_slug: str, mailbox_name: str) -> Sequence[Row]:
+        return await self.db.fetch(_SQL["failures"], tenant_slug, mailbox_name)
+
+    async def try_run_lock(self, tenant_slug: str, mailbox_name: str) -> bool:
+        """The run lock (session level: held until unlocked or the connection
+        ends). Only meaningful on a dedicated connection, never a pool."""
+        locked: bool = await self.db.fetchval(_SQL["try_run_lock"], tenant_slug, mailbox_name)
+        return locked
+
+    async def run_unlock(self, tenant_slug: str, mailbox_name: str) -> None:
+        await self.db.fetchval(_SQL["run_unlock"], tenant_slug, mailbox_name)
+
+    async def finish(self, tenant_slug: str, mailbox_name: str, *, error: str | None,
+                     warning: str | None) -> None:
+        await self.db.execute(_SQL["finish"], tenant_slug, mailbox_name,
+                              None if error is None else error[:2000],
+                              None if warning is None else warning[:2000])
+
+
+def _check(tenant_slug: str, mailbox_name: str) -> None:
+    validate_tenant_slug(tenant_slug)
+    validate_mailbox_name(mailbox_name)

@@ -1,0 +1,143 @@
+-- Named queries of the IMAP importer (nexarch_events/importer/). The
+-- per-message writes are functions of migration 0008: one call, one
+-- transaction, one round trip.
+
+-- name: state_get_or_create
+-- The seed's GetOrCreate: a new mailbox starts with the default interval.
+-- $1 tenant, $2 mailbox name.
+WITH created AS (
+    INSERT INTO mail_import_state (tenant_slug, mailbox_name)
+    VALUES ($1, $2)
+    ON CONFLICT (tenant_slug, mailbox_name) DO NOTHING
+    RETURNING *
+)
+SELECT * FROM created
+UNION ALL
+SELECT * FROM mail_import_state
+ WHERE tenant_slug = $1 AND mailbox_name = $2 AND NOT EXISTS (SELECT 1 FROM created);
+
+-- name: state_get
+SELECT * FROM mail_import_state WHERE tenant_slug = $1 AND mailbox_name = $2;
+
+-- name: state_set_interval
+-- $3 seconds. No row: no such mailbox state.
+UPDATE mail_import_state
+   SET interval_seconds = $3::int, updated_at = now()
+ WHERE tenant_slug = $1 AND mailbox_name = $2
+RETURNING interval_seconds;
+
+-- name: begin
+-- $1 tenant, $2 mailbox, $3 UIDVALIDITY (NULL: absent or 0), $4 UIDNEXT, $5 EXISTS.
+SELECT * FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint);
+
+-- name: import_message
+-- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID (NULL: not trusted),
+-- $5 mode (new | recovered | unstable), $6 sha256, $7 size, $8 raw.
+SELECT * FROM mail_import_message($1, $2, $3::bigint, $4::bigint, $5, $6, $7::int, $8);
+
+-- name: record_failure
+-- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID, $5 error, $6 is a retry.
+SELECT mail_import_failure($1, $2, $3::bigint, $4::bigint, $5, $6::boolean) AS attempts;
+
+-- name: pending_failures
+-- Recorded failures to retry at this UIDVALIDITY. $3 UIDVALIDITY, $4 max attempts.
+SELECT uid, attempts, last_error
+  FROM mail_import_failures
+ WHERE tenant_slug = $1 AND mailbox_name = $2 AND uidvalidity = $3::bigint
+   AND attempts < $4::int
+ ORDER BY uid;
+
+-- name: failures
+SELECT uidvalidity, uid, attempts, last_error, first_failed_at, last_failed_at
+  FROM mail_import_failures
+ WHERE tenant_slug = $1 AND mailbox_name = $2
+ ORDER BY uidvalidity, uid;
+
+-- name: finish
+-- End of a run. $3 error or NULL, $4 warning or NULL (a clean run clears it).
+UPDATE mail_import_state
+   SET last_run_finished_at = now(),
+       last_success_at = CASE WHEN $3::text IS NULL THEN now() ELSE last_success_at END,
+       last_error = $3::text,
+       last_error_at = CASE WHEN $3::text IS NULL THEN last_error_at ELSE now() END,
+       warning = $4::text,
+       updated_at = now()
+ WHERE tenant_slug = $1 AND mailbox_name = $2;
+
+-- name: try_run_lock
+-- Runs of one mailbox never overlap, across processes and machines: a
+-- session advisory lock on the run's own connection, released by
+-- the server if that process dies. Key: (importer class, hash of the name);
+-- a hash collision only makes two mailboxes take turns.
+SELECT pg_try_advisory_lock(1312902721, hashtext($1 || '/' || $2)) AS locked;
+
+-- name: run_unlock
+SELECT pg_advisory_unlock(1312902721, hashtext($1 || '/' || $2)) AS unlocked;
+
+-- name: request_sync
+-- "Sync now": the scheduler of any process wakes at the NOTIFY and runs
+-- the mailbox at once. No row: no such mailbox.
+WITH requested AS (
+    UPDATE mail_import_state
+       SET sync_requested_at = now(), updated_at = now()
+     WHERE tenant_slug = $1 AND mailbox_name = $2
+    RETURNING tenant_slug, mailbox_name
+)
+SELECT pg_notify('nexarch_import_requests',
+                 json_build_object('v', 1, 'event', 'sync_requested',
+                                   'tenant', tenant_slug, 'mailbox', mailbox_name)::text)
+  FROM requested;
+
+-- name: mailbox_add
+-- Register a mailbox and create its sync state with the given interval.
+-- $1 tenant, $2 name, $3 host, $4 port, $5 tls mode, $6 CA file, $7 user,
+-- $8 password reference, $9 folder, $10 use IDLE, $11 interval seconds.
+WITH mailbox AS (
+    INSERT INTO mail_import_mailboxes
+           (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
+            folder, use_idle)
+    VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10::boolean)
+    RETURNING id, tenant_slug, name
+),
+state AS (
+    INSERT INTO mail_import_state (tenant_slug, mailbox_name, interval_seconds)
+    SELECT tenant_slug, name, $11::int FROM mailbox
+    ON CONFLICT (tenant_slug, mailbox_name)
+    DO UPDATE SET interval_seconds = EXCLUDED.interval_seconds, updated_at = now()
+    RETURNING 1
+)
+SELECT id, (SELECT count(*) FROM state) AS states FROM mailbox;
+
+-- name: mailbox_list
+-- Registered mailboxes with their state. $1 tenant or NULL for all.
+SELECT m.*, s.last_uidvalidity, s.last_synced_uid, s.interval_seconds,
+       s.server_uidnext, s.server_exists, s.imported_total,
+       s.last_run_started_at, s.last_run_finished_at, s.last_success_at,
+       s.last_error, s.last_error_at, s.warning, s.sync_requested_at,
+       (SELECT count(*) FROM mail_import_failures f
+         WHERE f.tenant_slug = m.tenant_slug AND f.mailbox_name = m.name) AS failures
+  FROM mail_import_mailboxes m
+  LEFT JOIN mail_import_state s ON s.tenant_slug = m.tenant_slug AND s.mailbox_name = m.name
+ WHERE $1::text IS NULL OR m.tenant_slug = $1::text
+ ORDER BY m.tenant_slug, m.name;
+
+-- name: mailbox_get
+SELECT m.*, s.interval_seconds, s.sync_requested_at, s.last_run_finished_at
+  FROM mail_import_mailboxes m
+  LEFT JOIN mail_import_state s ON s.tenant_slug = m.tenant_slug AND s.mailbox_name = m.name
+ WHERE m.tenant_slug = $1 AND m.name = $2;
+
+-- name: mailbox_remove
+-- The registration, its state and failures go; archived mail stays.
+WITH gone AS (
+    DELETE FROM mail_import_mailboxes WHERE tenant_slug = $1 AND name = $2 RETURNING id
+),
+state AS (
+    DELETE FROM mail_import_state
+     WHERE tenant_slug = $1 AND mailbox_name = $2 AND EXISTS (SELECT 1 FROM gone)
+),
+failures AS (
+    DELETE FROM mail_import_failures
+     WHERE tenant_slug = $1 AND mailbox_name = $2 AND EXISTS (SELECT 1 FROM gone)
+)
+SELECT id FROM gone;
