@@ -18,7 +18,14 @@ import trio
 
 from .aio import Database
 from .migrations import migrate
-from .notify import INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL, Listener, Notification, Subscription
+from .notify import (
+    IMPORT_REQUESTS_CHANNEL,
+    INDEX_JOBS_CHANNEL,
+    JOB_EVENTS_CHANNEL,
+    Listener,
+    Notification,
+    Subscription,
+)
 from .queue import Queue
 from .settings import Settings
 from .sweeper import Sweeper
@@ -32,14 +39,16 @@ class QueueService:
 
     def __init__(self, db: Database, settings: Settings,
                  handlers: Mapping[str, BatchHandler], *, name: str | None = None,
-                 listen_job_events: bool = False) -> None:
+                 listen_job_events: bool = False,
+                 extra_channels: tuple[str, ...] = ()) -> None:
         self.settings = settings
         self.queue = Queue(db, settings.queue)
         # Workers need only the wake-up channel; every ack notifies the
         # job-events channel, and listening to it in every worker process
         # would cost each of them a parse per batch for nothing.
-        channels = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL) if listen_job_events \
+        channels: tuple[str, ...] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL) if listen_job_events \
             else (INDEX_JOBS_CHANNEL,)
+        channels += extra_channels
         self.listener = Listener(db.dsn, settings.queue, channels=channels)
         self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
@@ -84,15 +93,26 @@ class QueueService:
 
 
 async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
-                dsn: str, name: str | None = None,
+                dsn: str, name: str | None = None, importer: bool = False,
                 task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED) -> None:
-    """Migrate, then run the queue service until SIGTERM/SIGINT has stopped it."""
+    """Migrate, then run the queue service (and, with ``importer``, the IMAP
+    import scheduler in the same nursery) until SIGTERM/SIGINT has stopped it.
+    The importer stops with the workers: each message's import is one
+    transaction, so cancelling it mid-run loses nothing."""
+    from .importer.scheduler import ImportScheduler
+
     async with Database.open(dsn, max_size=settings.pool_size,
                              command_timeout=settings.command_timeout) as db:
         await migrate(db)
-        service = QueueService(db, settings, handlers, name=name)
+        service = QueueService(db, settings, handlers, name=name,
+                               extra_channels=(IMPORT_REQUESTS_CHANNEL,) if importer else ())
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, service)
+            if importer:
+                scheduler = ImportScheduler(db, settings.importer,
+                                            secret_key=settings.secret_key,
+                                            listener=service.listener)
+                nursery.start_soon(scheduler.run)
             await nursery.start(_run_then_stop, service, nursery.cancel_scope)
             log.info("worker running name=%s workers=%d batch_size=%d",
                      service.pool.name, settings.queue.workers, settings.queue.batch_size)

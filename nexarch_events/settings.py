@@ -63,6 +63,34 @@ class QueueSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ImportSettings:
+    """How the IMAP importer schedules and talks to servers. Times are seconds."""
+
+    #: Mailboxes held in IDLE at once (one connection each); the rest are
+    #: synced at their interval. Gmail allows 15 connections per account,
+    #: Dovecot 10 per user and address by default.
+    idle_limit: int = 50
+    #: Re-issue IDLE this often (RFC 2177 says < 29 min; mailbox.org cuts
+    #: IDLE after about 23). Each re-IDLE also runs a delta sync.
+    idle_refresh: float = 1200.0
+    #: Longest wait for connect, login or one IMAP command.
+    imap_timeout: float = 30.0
+    #: Re-read the registered mailboxes this often (new, removed, changed).
+    reload_interval: float = 30.0
+    #: After a failed run, retry after 2 s, doubling up to this (and never
+    #: later than the mailbox's interval).
+    backoff_max: float = 300.0
+    #: How long a run waits for another run of the same mailbox to end.
+    lock_wait: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive_int("import.idle_limit", self.idle_limit, upper=100_000)
+        for name in ("idle_refresh", "imap_timeout", "reload_interval", "backoff_max",
+                     "lock_wait"):
+            _positive_float(f"import.{name}", getattr(self, name))
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.embedded).
     database_url: str | None = None
@@ -72,6 +100,9 @@ class Settings:
     #: treated as dead (a half-open socket would otherwise hang for minutes).
     command_timeout: float = 60.0
     queue: QueueSettings = field(default_factory=QueueSettings)
+    importer: ImportSettings = field(default_factory=ImportSettings)
+    #: Key that seals IMAP passwords stored in Postgres (NEXARCH_SECRET_KEY_FILE).
+    secret_key: str | None = field(default=None, repr=False)
     #: "postgres" (full-text search in the same database) or "manticore".
     index_backend: str = "postgres"
     #: Manticore's HTTP API, e.g. http://manticore:9308 (index_backend=manticore).
@@ -113,6 +144,11 @@ class Settings:
             key = f"NEXARCH_QUEUE_{f.name.upper()}"
             if key in env:
                 queue_kwargs[f.name] = _parse_number(key, env[key], integer=f.type == "int")
+        import_kwargs: dict[str, object] = {}
+        for f in fields(ImportSettings):
+            key = f"NEXARCH_IMPORT_{f.name.upper()}"
+            if key in env:
+                import_kwargs[f.name] = _parse_number(key, env[key], integer=f.type == "int")
         unknown = sorted(k for k in env if k.startswith("NEXARCH_")
                          and k not in cls.known_env_keys()
                          # reserved for test and benchmark tooling
@@ -128,6 +164,9 @@ class Settings:
                                                env["NEXARCH_DATABASE_URL_FILE"])
         if env.get("NEXARCH_DATABASE_URL"):
             top["database_url"] = env["NEXARCH_DATABASE_URL"]
+        if env.get("NEXARCH_SECRET_KEY_FILE"):
+            top["secret_key"] = _read_secret("NEXARCH_SECRET_KEY_FILE",
+                                             env["NEXARCH_SECRET_KEY_FILE"])
         if env.get("NEXARCH_DATA_DIR"):
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
         if env.get("NEXARCH_INDEX_BACKEND"):
@@ -143,12 +182,14 @@ class Settings:
         if "NEXARCH_POOL_SIZE" in env:
             top["pool_size"] = _parse_number("NEXARCH_POOL_SIZE", env["NEXARCH_POOL_SIZE"],
                                              integer=True)
-        return cls(queue=QueueSettings(**queue_kwargs), **top)  # type: ignore[arg-type]
+        return cls(queue=QueueSettings(**queue_kwargs),  # type: ignore[arg-type]
+                   importer=ImportSettings(**import_kwargs), **top)  # type: ignore[arg-type]
 
     @staticmethod
     def known_env_keys() -> frozenset[str]:
         queue = {f"NEXARCH_QUEUE_{f.name.upper()}" for f in fields(QueueSettings)}
-        return frozenset(queue | {
+        queue |= {f"NEXARCH_IMPORT_{f.name.upper()}" for f in fields(ImportSettings)}
+        return frozenset(queue | {"NEXARCH_SECRET_KEY_FILE",
             "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
             "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL"})

@@ -25,6 +25,7 @@ from nexarch_events.embedded import EmbeddedPostgres
 from nexarch_events.migrations import migrate
 from nexarch_events.queue import Queue
 from nexarch_events.settings import QueueSettings
+from tests.support.dovecot import Dovecot, running_dovecot
 
 
 @dataclass
@@ -150,3 +151,20 @@ def queue(db: Database, fast_settings: QueueSettings) -> Queue:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def dovecot() -> Iterator[Dovecot]:
+    """A real Dovecot for the session (installed by ensure_dovecot() if it
+    is missing and we may), users alice and bob (tests/support/dovecot.py)."""
+    with running_dovecot() as server:
+        yield server
+
+
+@pytest.fixture
+def imap_folder(dovecot: Dovecot) -> Iterator[str]:
+    """A fresh folder of alice's, for this test alone."""
+    name = f"t{uuid.uuid4().hex[:10]}"
+    dovecot.create_mailbox("alice", name)
+    yield name
+    dovecot.delete_mailbox("alice", name)

@@ -113,10 +113,11 @@ class MailboxRegistry:
         rows = await self.db.fetch(_SQL["mailbox_list"], tenant_slug)
         return [{k: v for k, v in dict(row).items() if k != "password_ref"} for row in rows]
 
-    async def configs(self) -> Sequence[MailboxConfig]:
-        """Enabled mailboxes, for the scheduler."""
+    async def scheduled(self) -> Sequence[tuple[MailboxConfig, bool]]:
+        """Enabled mailboxes, each with whether a "sync now" is pending."""
         rows = await self.db.fetch(_SQL["mailbox_list"], None)
-        return [MailboxConfig.from_row(r) for r in rows if r["enabled"]]
+        return [(MailboxConfig.from_row(r), r["sync_requested_at"] is not None)
+                for r in rows if r["enabled"]]
 
     async def remove(self, tenant_slug: str, name: str) -> None:
         """Unregister (state and failures too; the archived mail stays)."""

@@ -1,0 +1,236 @@
+"""Keeps every enabled mailbox in sync.
+
+One trio task per mailbox (a *runner*). Where the server offers IDLE and a
+slot is free (``import.idle_limit``), the runner holds an IDLE connection
+and syncs as soon as the server announces anything, re-issuing IDLE every
+``import.idle_refresh`` seconds (servers drop IDLE after some minutes), and
+every re-IDLE runs a delta sync too. Otherwise it syncs at the mailbox's
+persisted interval, with ±10 % jitter so that a thousand mailboxes do not
+hit their servers in the same second.
+
+Runs of one mailbox never overlap, also across processes and machines: each
+run holds the mailbox's advisory lock (``sync.run_sync``).
+
+Failures are per mailbox: a runner logs, records the error on the mailbox
+state (run_sync does), and retries with backoff (2 s doubling, capped by
+``import.backoff_max`` and the interval). A bug (any other exception) is not
+swallowed: it propagates and takes the scheduler's nursery down.
+
+"Sync now" (``nexarch_import_requests``) wakes the runner at once; an IDLE
+runner drops its IDLE connection for that and reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+import trio
+
+from ..aio import Database
+from ..aio.imap import ImapSession
+from ..errors import ConfigurationError, DatabaseError, ImapError
+from ..notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
+from ..settings import ImportSettings
+from . import secrets
+from .mailboxes import MailboxConfig, MailboxRegistry
+from .state import StateStore
+from .sync import ImportLimits, MailboxBusy, SyncReport, run_sync
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]
+#: Called after every run (the service's metrics, the demo's progress).
+RunObserver = Callable[[MailboxConfig, SyncReport], None]
+
+_RETRYABLE = (ImapError, DatabaseError, MailboxBusy, ConfigurationError)
+
+
+class ImportScheduler:
+    """Run with ``nursery.start(scheduler.run)``; cancel to stop."""
+
+    def __init__(self, db: Database, settings: ImportSettings, *, secret_key: str | None = None,
+                 listener: Listener | None = None, limits: ImportLimits | None = None,
+                 on_run: RunObserver | None = None) -> None:
+        self.db = db
+        self.settings = settings
+        self.secret_key = secret_key
+        self.listener = listener
+        self.limits = limits or ImportLimits()
+        self.on_run = on_run
+        self._idle_slots = trio.Semaphore(settings.idle_limit)
+        self._runners: dict[Key, _Runner] = {}
+        self._nursery: trio.Nursery | None = None
+
+    @property
+    def mailboxes(self) -> list[Key]:
+        return sorted(self._runners)
+
+    def idle_mailboxes(self) -> list[Key]:
+        return sorted(k for k, r in self._runners.items() if r.idling)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        sub: Subscription | None = None
+        if self.listener is not None:
+            sub = self.listener.subscribe(IMPORT_REQUESTS_CHANNEL)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                await self.reload()
+                if sub is not None:
+                    nursery.start_soon(self._requests, sub)
+                task_status.started()
+                while True:
+                    await trio.sleep(self.settings.reload_interval)
+                    try:
+                        await self.reload()
+                    except DatabaseError as exc:
+                        log.warning("importer: cannot re-read mailboxes: %s", exc)
+        finally:
+            if sub is not None and self.listener is not None:
+                self.listener.unsubscribe(sub)
+
+    async def reload(self) -> None:
+        """Start runners for new or changed mailboxes, stop removed ones,
+        wake those with a pending "sync now"."""
+        assert self._nursery is not None
+        wanted: dict[Key, MailboxConfig] = {}
+        requested: set[Key] = set()
+        for config, sync_requested in await MailboxRegistry(self.db).scheduled():
+            key = (config.tenant_slug, config.name)
+            wanted[key] = config
+            if sync_requested:
+                requested.add(key)
+        for key, runner in list(self._runners.items()):
+            if wanted.get(key) != runner.config:
+                runner.cancel_scope.cancel()
+                del self._runners[key]
+        for key, config in wanted.items():
+            if key not in self._runners:
+                runner = _Runner(self, config)
+                self._runners[key] = runner
+                self._nursery.start_soon(runner.run)
+            if key in requested:
+                self._runners[key].wake()
+
+    async def _requests(self, sub: Subscription) -> None:
+        async for item in sub:
+            if isinstance(item, Notification):
+                payload = item.json()
+                runner = self._runners.get((str(payload.get("tenant")),
+                                            str(payload.get("mailbox"))))
+                if runner is not None:
+                    runner.wake()
+                else:  # registered after our last reload
+                    await self._reload_quietly()
+            else:  # RESYNC: requests may have been missed; the table knows
+                await self._reload_quietly()
+
+    async def _reload_quietly(self) -> None:
+        try:
+            await self.reload()
+        except DatabaseError as exc:
+            log.warning("importer: cannot re-read mailboxes: %s", exc)
+
+
+class _Runner:
+    def __init__(self, scheduler: ImportScheduler, config: MailboxConfig) -> None:
+        self.scheduler = scheduler
+        self.config = config
+        self.cancel_scope = trio.CancelScope()
+        self.idling = False
+        self._wake = trio.Event()
+        self._idle_scope: trio.CancelScope | None = None
+        self._server_has_idle = True
+
+    def wake(self) -> None:
+        self._wake.set()
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()
+
+    async def run(self) -> None:
+        s = self.scheduler.settings
+        backoff = 2.0
+        with self.cancel_scope:
+            # Spread the first runs of many mailboxes a little.
+            await trio.sleep(random.uniform(0, 0.2))
+            while True:
+                try:
+                    password = secrets.resolve(self.config.password_ref,
+                                               key=self.scheduler.secret_key)
+                    if self.config.use_idle and self._server_has_idle:
+                        try:
+                            self.scheduler._idle_slots.acquire_nowait()
+                        except trio.WouldBlock:
+                            pass
+                        else:
+                            try:
+                                await self._idle_loop(password)
+                            finally:
+                                self.scheduler._idle_slots.release()
+                            backoff = 2.0
+                            continue
+                    await self._sync(password)
+                    backoff = 2.0
+                    await self._wait(await self._interval() * random.uniform(0.9, 1.1))
+                except _RETRYABLE as exc:
+                    delay = min(backoff, s.backoff_max, float(await self._interval_or(300)))
+                    backoff *= 2
+                    log.warning("importer: mailbox %s: %s; retry in %.0f s",
+                                self.config.describe(), exc, delay)
+                    await self._wait(delay * random.uniform(0.8, 1.2))
+
+    async def _sync(self, password: str, session: ImapSession | None = None) -> SyncReport:
+        s = self.scheduler.settings
+        self._wake = trio.Event()
+        report = await run_sync(self.scheduler.db.dsn, self.config, password, session=session,
+                                limits=self.scheduler.limits, imap_timeout=s.imap_timeout,
+                                lock_wait=s.lock_wait)
+        if self.scheduler.on_run is not None:
+            self.scheduler.on_run(self.config, report)
+        return report
+
+    async def _idle_loop(self, password: str) -> None:
+        """Sync, IDLE until the server announces something, repeat. Returns
+        when the IDLE connection was given up on purpose (a "sync now", or a
+        server without IDLE); raises when it broke."""
+        s = self.scheduler.settings
+        session = await ImapSession.open(self.config.endpoint(timeout=s.imap_timeout),
+                                         self.config.username, password)
+        try:
+            if "IDLE" not in session.capabilities:
+                log.info("importer: %s: server has no IDLE; syncing at the interval",
+                         self.config.describe())
+                self._server_has_idle = False
+                return
+            self.idling = True
+            while True:
+                await self._sync(password, session)
+                with trio.CancelScope() as scope:
+                    self._idle_scope = scope
+                    if self._wake.is_set():
+                        scope.cancel()
+                    await session.idle(min(s.idle_refresh, float(await self._interval())))
+                self._idle_scope = None
+                if scope.cancelled_caught:
+                    return  # woken mid-IDLE: the session is gone; reconnect, sync
+        finally:
+            self.idling = False
+            self._idle_scope = None
+            await session.aclose()
+
+    async def _interval(self) -> int:
+        state = await StateStore(self.scheduler.db).get_or_create(self.config.tenant_slug,
+                                                                   self.config.name)
+        return state.interval_seconds
+
+    async def _interval_or(self, default: int) -> int:
+        try:
+            return await self._interval()
+        except DatabaseError:
+            return default
+
+    async def _wait(self, seconds: float) -> None:
+        with trio.move_on_after(seconds):
+            await self._wake.wait()
