@@ -1,0 +1,146 @@
+"""The import scheduler: IDLE, re-IDLE after a BYE, the interval, "sync now",
+the IDLE limit, and runs that never overlap. Against the scripted server
+(tests/support/imap_script.py), which can say BYE mid-IDLE; the real-Dovecot
+IDLE path is in tests/acceptance/test_importer_cli.py."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import trio
+
+from nexarch_events.aio import Connection, Database
+from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+from nexarch_events.importer.scheduler import ImportScheduler
+from nexarch_events.importer.state import StateStore
+from nexarch_events.importer.sync import MailboxBusy, run_sync
+from nexarch_events.notify import IMPORT_REQUESTS_CHANNEL, Listener
+from nexarch_events.settings import ImportSettings, QueueSettings
+from nexarch_events.testing import record_imports
+from tests.integration.test_importer_traps import message, messages
+from tests.support.imap_script import Faults, ScriptedImapServer, open_scripted_imap
+
+PASSWORD_ENV = "NEXARCH_TEST_SCRIPTED_PASSWORD"
+
+
+@pytest.fixture(autouse=True)
+def scripted_password(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(PASSWORD_ENV, "secret")
+
+
+def config(server: ScriptedImapServer, name: str = "inbox", *,
+           use_idle: bool = True) -> MailboxConfig:
+    return MailboxConfig(tenant_slug="acme", name=name, host=server.host, port=server.port,
+                         tls_mode="plain", username="user", password_ref=f"env:{PASSWORD_ENV}",
+                         use_idle=use_idle)
+
+
+@asynccontextmanager
+async def scheduler(db: Database, **settings: float) -> AsyncIterator[ImportScheduler]:
+    listener = Listener(db.dsn, QueueSettings(listener_ping_interval=0.5,
+                                              listener_ping_timeout=0.5),
+                        channels=(IMPORT_REQUESTS_CHANNEL,))
+    sched = ImportScheduler(db, ImportSettings(imap_timeout=2, reload_interval=0.5,
+                                               **settings),  # type: ignore[arg-type]
+                            listener=listener)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        await nursery.start(sched.run)
+        yield sched
+        nursery.cancel_scope.cancel()
+
+
+async def wait_idle(sched: ImportScheduler, count: int = 1) -> None:
+    with trio.fail_after(10):
+        while len(sched.idle_mailboxes()) < count:
+            await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("bye", ["close", "hang"])
+async def test_idle_push_and_reconnect_after_bye(db: Database, bye: str) -> None:
+    async with open_scripted_imap(messages([1])) as server, \
+            record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db, backoff_max=0.2) as sched:
+            await rec.wait_for_imported(uid=1)
+            await wait_idle(sched)
+            started = trio.current_time()
+            server.add_message(message(2))
+            await rec.wait_for_imported(uid=2, timeout=5)
+            assert trio.current_time() - started < 1.0  # pushed, not polled
+            # The server drops IDLE with a BYE: the runner reconnects and
+            # goes on (aioimaplib alone would hang forever, #110).
+            connections = server.connections
+            server.faults.bye_after_idle = bye  # type: ignore[assignment]
+            server.add_message(message(3))
+            await rec.wait_for_imported(uid=3, timeout=10)
+            server.faults.bye_after_idle = None
+            server.add_message(message(4))
+            await rec.wait_for_imported(uid=4, timeout=15)
+            assert server.connections > connections
+    rec.assert_in_uid_order()
+    assert [e.uid for e in rec.select()] == [1, 2, 3, 4]
+
+
+async def test_interval_when_the_server_has_no_idle(db: Database) -> None:
+    async with open_scripted_imap(messages([1]), faults=Faults(no_idle_capability=True)) \
+            as server, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=1)
+        async with scheduler(db) as sched:
+            await rec.wait_for_imported(uid=1)
+            server.add_message(message(2))
+            with trio.fail_after(5):  # the 1 s interval (±10 %), not a push
+                await rec.wait_for_imported(uid=2)
+            assert sched.idle_mailboxes() == []
+            idles = [c for c in server.commands if c == "IDLE"]
+            assert idles == []
+
+
+async def test_sync_now_wakes_an_interval_runner(db: Database) -> None:
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server, use_idle=False), interval_seconds=3600)
+        async with scheduler(db):
+            await rec.wait_for_imported(uid=1)
+            server.add_message(message(2))
+            await trio.sleep(0.3)
+            assert len(rec.select()) == 1  # the interval is an hour
+            await StateStore(db).request_sync("acme", "inbox")
+            await rec.wait_for_imported(uid=2, timeout=5)
+
+
+async def test_idle_limit_leaves_the_rest_on_their_interval(db: Database) -> None:
+    async with open_scripted_imap(messages([1])) as one, \
+            open_scripted_imap(messages([1])) as two, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(one, "one"), interval_seconds=3600)
+        await MailboxRegistry(db).add(config(two, "two"), interval_seconds=3600)
+        async with scheduler(db, idle_limit=1) as sched:
+            await rec.wait_for_imported(count=2)
+            await wait_idle(sched)
+            await trio.sleep(0.3)
+            assert len(sched.idle_mailboxes()) == 1
+            assert sched.mailboxes == [("acme", "one"), ("acme", "two")]
+
+
+async def test_a_run_waits_for_the_mailbox_lock(db: Database) -> None:
+    async with open_scripted_imap(messages(list(range(1, 41)))) as server:
+        cfg = config(server)
+        holder = await Connection.open(db.dsn)
+        try:
+            assert await StateStore(holder).try_run_lock("acme", "inbox")
+            with pytest.raises(MailboxBusy):
+                await run_sync(db.dsn, cfg, "secret", lock_wait=0.3)
+        finally:
+            await holder.aclose()  # a dead holder's lock goes with its connection
+        # Two runs at once: they take turns; every message once, in order.
+        async with record_imports(db.dsn) as rec:
+            async with trio.open_nursery() as nursery:
+                for _ in range(2):
+                    nursery.start_soon(lambda: run_sync(db.dsn, cfg, "secret",
+                                                        lock_wait=10, imap_timeout=5))
+            await rec.wait_for_imported(count=40)
+            await trio.sleep(0.2)
+    assert [e.uid for e in rec.select()] == list(range(1, 41))
+    assert await db.fetchval("SELECT count(*) FROM mail_archive") == 40
+

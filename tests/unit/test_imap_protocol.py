@@ -1,0 +1,87 @@
+"""Parsing IMAP replies without trusting them (nexarch_events/importer/protocol.py)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nexarch_events.errors import ImapProtocolError
+from nexarch_events.importer.protocol import (
+    mailbox_argument,
+    parse_examine,
+    parse_fetch,
+    parse_search,
+    uid_set,
+)
+
+
+def test_examine_reads_uidvalidity_uidnext_exists() -> None:
+    status = parse_examine([b"FLAGS (\\Seen)", b"OK [UIDVALIDITY 1700000000] UIDs valid",
+                            b"12 EXISTS", b"OK [UIDNEXT 13] Predicted next UID"])
+    assert (status.uidvalidity, status.uidnext, status.exists) == (1700000000, 13, 12)
+
+
+@pytest.mark.parametrize("line", [b"OK [UIDVALIDITY 0] bad", b"OK [UIDVALIDITY 4294967296] x"])
+def test_examine_refuses_uidvalidity_outside_rfc_range(line: bytes) -> None:
+    status = parse_examine([line, b"3 EXISTS"])
+    assert status.uidvalidity is None and status.uidvalidity_raw is not None
+
+
+def test_examine_without_uidvalidity() -> None:
+    status = parse_examine([b"3 EXISTS"])
+    assert status.uidvalidity is None and status.uidvalidity_raw is None
+
+
+def test_search_with_and_without_keyword() -> None:
+    assert list(parse_search([b"1 5 743024218"])) == [1, 5, 743024218]
+    assert list(parse_search([b"SEARCH 4000000000"])) == [4000000000]
+    assert list(parse_search([b""])) == []
+
+
+def test_search_rejects_garbage() -> None:
+    with pytest.raises(ImapProtocolError, match="not a UID"):
+        parse_search([b"1 2 x3"])
+
+
+def test_fetch_with_literal_body_and_uid_after_it() -> None:
+    body = b"Subject: hi\r\n\r\n) ( BODY[] {99}\r\n"
+    items = parse_fetch([b"1 FETCH (RFC822.SIZE 33 BODY[] {33}", bytearray(body),
+                         b" UID 7)", b"2 FETCH (UID 9 RFC822.SIZE 5 BODY[] NIL)"])
+    assert [(i.seq, i.uid, i.size, i.body) for i in items] == [
+        (1, 7, 33, body), (2, 9, 5, None)]
+
+
+def test_fetch_empty_quoted_body_and_missing_literal() -> None:
+    assert parse_fetch([b'3 FETCH (UID 4 BODY[] "")'])[0].body == b""
+    with pytest.raises(ImapProtocolError, match="never came"):
+        parse_fetch([b"1 FETCH (UID 1 BODY[] {10}"])
+
+
+def test_fetch_ignores_other_untagged_data() -> None:
+    items = parse_fetch([b"4 EXPUNGE", b"1 FETCH (UID 2 RFC822.SIZE 10)"])
+    assert [(i.uid, i.size, i.body) for i in items] == [(2, 10, None)]
+
+
+@given(st.lists(st.integers(1, 2**32 - 1), min_size=1, max_size=60, unique=True))
+def test_uid_set_round_trips(uids: list[int]) -> None:
+    uids.sort()
+    expanded: list[int] = []
+    for part in uid_set(uids).split(","):
+        lo, _, hi = part.partition(":")
+        expanded.extend(range(int(lo), int(hi or lo) + 1))
+    assert expanded == uids
+
+
+def test_uid_set_refuses_unsorted() -> None:
+    with pytest.raises(ValueError):
+        uid_set([3, 2])
+
+
+def test_mailbox_argument_modified_utf7() -> None:
+    assert mailbox_argument("INBOX") == '"INBOX"'
+    assert mailbox_argument("Entwürfe") == '"Entw&APw-rfe"'
+    assert mailbox_argument("A&B") == '"A&-B"'
+    assert mailbox_argument('say "hi"') == '"say \\"hi\\""'
+    with pytest.raises(ImapProtocolError):
+        mailbox_argument("bad\r\nname")
