@@ -324,6 +324,9 @@ async def run_sync(dsn: str, config: MailboxConfig, password: str, *,
     try:
         store = StateStore(conn)
         await acquire_run_lock(store, config.tenant_slug, config.name, wait=lock_wait)
+        # A run that fails before mail_import_begin (connect, TLS, login,
+        # EXAMINE) must still find a state row to record its error on.
+        await store.get_or_create(config.tenant_slug, config.name)
         own = session is None
         try:
             if session is None:
