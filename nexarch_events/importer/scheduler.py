@@ -184,7 +184,7 @@ class _Runner:
     async def _sync(self, password: str, session: ImapSession | None = None) -> SyncReport:
         s = self.scheduler.settings
         self._wake = trio.Event()
-        report = await run_sync(self.scheduler.db.dsn, self.config, password, session=session,
+        report = await run_sync(self.scheduler.db, self.config, password, session=session,
                                 limits=self.scheduler.limits, imap_timeout=s.imap_timeout,
                                 lock_wait=s.lock_wait)
         if self.scheduler.on_run is not None:

@@ -166,8 +166,10 @@ class StateStore:
         locked: bool = await self.db.fetchval(_SQL["try_run_lock"], tenant_slug, mailbox_name)
         return locked
 
-    async def run_unlock(self, tenant_slug: str, mailbox_name: str) -> None:
-        await self.db.fetchval(_SQL["run_unlock"], tenant_slug, mailbox_name)
+    async def run_unlock(self, tenant_slug: str, mailbox_name: str) -> bool:
+        """True if this session held the lock and released it."""
+        unlocked: bool = await self.db.fetchval(_SQL["run_unlock"], tenant_slug, mailbox_name)
+        return unlocked
 
     async def finish(self, tenant_slug: str, mailbox_name: str, *, error: str | None,
                      warning: str | None) -> None:

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from nexarch_events.aio import Connection, Database
+from nexarch_events.errors import ImapUnavailable
 from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
 from nexarch_events.importer.scheduler import ImportScheduler
 from nexarch_events.importer.state import StateStore
@@ -144,3 +145,32 @@ async def test_a_run_waits_for_the_mailbox_lock(db: Database) -> None:
     assert [e.uid for e in rec.select()] == list(range(1, 41))
     assert await db.fetchval("SELECT count(*) FROM mail_archive") == 40
 
+
+
+async def test_pooled_runs_never_leave_the_lock_behind(db: Database) -> None:
+    """The scheduler borrows pool connections for its runs: neither a clean
+    run, a failed one nor a cancelled one may return a connection that still
+    holds the mailbox's lock (the next run would wait forever)."""
+    async def advisory_locks() -> int:
+        count: int = await db.fetchval(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+        return count
+
+    async with open_scripted_imap(messages([1, 2])) as server:
+        cfg = config(server)
+        await run_sync(db, cfg, "secret")
+        assert await advisory_locks() == 0
+        server.faults.silent_after = "UID SEARCH"
+        with trio.move_on_after(0.5) as cancelled:  # cancelled mid-run
+            await run_sync(db, cfg, "secret", imap_timeout=30)
+        assert cancelled.cancelled_caught
+        with trio.move_on_after(0.5):  # again: the lock must be free
+            await run_sync(db, cfg, "secret", imap_timeout=30)
+        with pytest.raises(ImapUnavailable):  # a failed run
+            await run_sync(db, cfg, "secret", imap_timeout=0.3)
+        assert await advisory_locks() == 0
+        server.faults.silent_after = None
+        server.add_message(message(3))
+        with trio.fail_after(5):
+            report = await run_sync(db, cfg, "secret", lock_wait=1)
+    assert report.last_synced_uid == 3
