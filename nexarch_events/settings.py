@@ -91,6 +91,43 @@ class ImportSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiToken:
+    """A bearer token of the HTTP API. Only its SHA-256 is kept in memory and
+    compared (in constant time); ``tenant`` None means admin (every tenant)."""
+
+    name: str
+    sha256: str = field(repr=False)
+    tenant: str | None = None
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9._-]{1,64}", self.name):
+            raise ConfigurationError(f"api token name {self.name[:40]!r}: use 1-64 of "
+                                     "A-Z a-z 0-9 . _ -")
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ConfigurationError(f"api token {self.name!r}: sha256 must be 64 hex digits")
+        if self.tenant is not None and not re.fullmatch(
+                r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", self.tenant):
+            raise ConfigurationError(f"api token {self.name!r}: tenant {self.tenant!r} is not "
+                                     "a valid tenant slug")
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """The HTTP API and status page (``nexarch-events run``)."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tokens: tuple[ApiToken, ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive_int("api.port", self.port, upper=65535)
+        names = [t.name for t in self.tokens]
+        if len(set(names)) != len(names):
+            raise ConfigurationError("api tokens must have distinct names")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.embedded).
     database_url: str | None = None
@@ -101,6 +138,9 @@ class Settings:
     command_timeout: float = 60.0
     queue: QueueSettings = field(default_factory=QueueSettings)
     importer: ImportSettings = field(default_factory=ImportSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
+    #: Log lines as "kv" (key=value) or "json".
+    log_format: str = "kv"
     #: Key that seals IMAP passwords stored in Postgres (NEXARCH_SECRET_KEY_FILE).
     secret_key: str | None = field(default=None, repr=False)
     #: "postgres" (full-text search in the same database) or "manticore".
@@ -112,6 +152,9 @@ class Settings:
 
     def __post_init__(self) -> None:
         _positive_int("pool_size", self.pool_size, upper=1000)
+        if self.log_format not in ("kv", "json"):
+            raise ConfigurationError(f"log_format must be 'kv' or 'json', got "
+                                     f"{self.log_format!r} (NEXARCH_LOG_FORMAT)")
         _positive_float("command_timeout", self.command_timeout)
         if self.index_backend not in ("postgres", "manticore"):
             raise ConfigurationError(

@@ -19,6 +19,7 @@ import trio
 
 from .aio import Connection, Database
 from .errors import ConfigurationError, DatabaseUnavailable, JobFailed
+from .metrics import Metrics
 from .models import AckResult, ClaimedJob, Failure, JobId, JobType
 from .queue import Queue
 from .settings import QueueSettings
@@ -141,6 +142,8 @@ class WorkerPool:
         self.name = name or default_worker_name()
         self.wakeups = WakeUps(self.settings.workers)
         self.stats = WorkerStats()
+        #: Set by the service to feed /metrics.
+        self.metrics: Metrics | None = None
         self._in_flight: dict[JobId, ClaimedJob] = {}
         #: in flight, but being acknowledged: a heartbeat that misses them
         #: raced with their ack, their lease was not lost
@@ -217,6 +220,8 @@ class WorkerPool:
         """Run a batch and record its outcomes; returns the next batch when it
         could be claimed in the same round trip as the acknowledgement."""
         self.stats.claimed += len(jobs)
+        if self.metrics is not None:
+            self.metrics.observe_claims(jobs)
         for job in jobs:
             self._in_flight[job.id] = job
         outcomes: dict[JobId, Failure | None] = {}
@@ -257,6 +262,8 @@ class WorkerPool:
         return next_jobs
 
     def _count(self, result: AckResult) -> None:
+        if self.metrics is not None:
+            self.metrics.count_ack(result)
         for status in result.statuses.values():
             if status == "succeeded":
                 self.stats.succeeded += 1

@@ -141,3 +141,11 @@ failures AS (
      WHERE tenant_slug = $1 AND mailbox_name = $2 AND EXISTS (SELECT 1 FROM gone)
 )
 SELECT id FROM gone;
+
+-- name: lag
+-- Per mailbox: watermark, what the server announced, seconds since the last
+-- successful run (for /metrics and the status page).
+SELECT tenant_slug, mailbox_name, last_synced_uid, server_uidnext,
+       extract(epoch FROM now() - last_success_at)::float8 AS since_success
+  FROM mail_import_state
+ ORDER BY tenant_slug, mailbox_name;

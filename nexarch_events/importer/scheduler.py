@@ -31,6 +31,7 @@ import trio
 from ..aio import Database
 from ..aio.imap import ImapSession
 from ..errors import ConfigurationError, DatabaseError, ImapError
+from ..metrics import Metrics
 from ..notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
 from ..settings import ImportSettings
 from . import secrets
@@ -52,13 +53,14 @@ class ImportScheduler:
 
     def __init__(self, db: Database, settings: ImportSettings, *, secret_key: str | None = None,
                  listener: Listener | None = None, limits: ImportLimits | None = None,
-                 on_run: RunObserver | None = None) -> None:
+                 on_run: RunObserver | None = None, metrics: Metrics | None = None) -> None:
         self.db = db
         self.settings = settings
         self.secret_key = secret_key
         self.listener = listener
         self.limits = limits or ImportLimits()
         self.on_run = on_run
+        self.metrics = metrics
         self._idle_slots = trio.Semaphore(settings.idle_limit)
         self._runners: dict[Key, _Runner] = {}
         self._nursery: trio.Nursery | None = None
@@ -184,9 +186,19 @@ class _Runner:
     async def _sync(self, password: str, session: ImapSession | None = None) -> SyncReport:
         s = self.scheduler.settings
         self._wake = trio.Event()
-        report = await run_sync(self.scheduler.db, self.config, password, session=session,
-                                limits=self.scheduler.limits, imap_timeout=s.imap_timeout,
-                                lock_wait=s.lock_wait)
+        metrics = self.scheduler.metrics
+        try:
+            report = await run_sync(self.scheduler.db, self.config, password, session=session,
+                                    limits=self.scheduler.limits, imap_timeout=s.imap_timeout,
+                                    lock_wait=s.lock_wait)
+        except _RETRYABLE:
+            if metrics is not None:
+                metrics.count_import_run(self.config.tenant_slug, self.config.name, ok=False,
+                                         imported=0)
+            raise
+        if metrics is not None:
+            metrics.count_import_run(self.config.tenant_slug, self.config.name, ok=True,
+                                     imported=report.imported + report.recovered)
         if self.scheduler.on_run is not None:
             self.scheduler.on_run(self.config, report)
         return report
