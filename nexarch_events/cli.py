@@ -37,10 +37,25 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 
 log = logging.getLogger("nexarch_events")
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (NEXARCH_LOG_FORMAT=json)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                 "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str = "kv") -> None:
+    """Structured lines on stderr: key=value (default) or JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
 
 
 @contextmanager
@@ -69,7 +84,9 @@ def database_url(settings: Settings) -> Iterator[str]:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    settings = Settings.from_env()
+    from .config import load_settings
+
+    settings = load_settings(args.config)
     overrides: dict[str, Any] = {}
     for name in ("workers", "batch_size"):
         value = getattr(args, name, None)
@@ -406,6 +423,13 @@ def cmd_mailbox_remove(args: argparse.Namespace, settings: Settings, url: str) -
     return EXIT_OK
 
 
+def cmd_config_check(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .config import effective
+
+    print(json.dumps(effective(settings), indent=2, ensure_ascii=False))
+    return EXIT_OK
+
+
 def cmd_mailbox_new_key(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from .importer import secrets
 
@@ -426,9 +450,18 @@ def build_parser() -> argparse.ArgumentParser:
                     "NEXARCH_DATABASE_URL, or an embedded Postgres in NEXARCH_DATA_DIR "
                     "(default .nexarch) when unset.")
     parser.add_argument("--log-level", default=os.environ.get("NEXARCH_LOG_LEVEL", "info"))
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML configuration (default: $NEXARCH_CONFIG); NEXARCH_* "
+                             "variables override it")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("migrate", help="apply pending schema migrations").set_defaults(fn=cmd_migrate)
+
+    config = sub.add_parser("config", help="configuration tools")
+    csub = config.add_subparsers(dest="config_command", required=True)
+    csub.add_parser("check", help="validate and print the effective configuration "
+                                  "(secrets masked)").set_defaults(fn=cmd_config_check,
+                                                                   needs_database=False)
 
     worker = sub.add_parser("worker", help="run the workers, listener and sweeper until SIGTERM")
     worker.add_argument("--handlers",
@@ -571,6 +604,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level)
     try:
         settings = _settings(args)
+        configure_logging(args.log_level, settings.log_format)
         if not getattr(args, "needs_database", True):
             code0: int = args.fn(args, settings, "")
             return code0

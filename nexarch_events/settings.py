@@ -212,6 +212,18 @@ class Settings:
                                              env["NEXARCH_SECRET_KEY_FILE"])
         if env.get("NEXARCH_DATA_DIR"):
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
+        if env.get("NEXARCH_LOG_FORMAT"):
+            top["log_format"] = env["NEXARCH_LOG_FORMAT"]
+        api_kwargs: dict[str, object] = {}
+        if env.get("NEXARCH_API_HOST"):
+            api_kwargs["host"] = env["NEXARCH_API_HOST"]
+        if "NEXARCH_API_PORT" in env:
+            api_kwargs["port"] = _parse_number("NEXARCH_API_PORT", env["NEXARCH_API_PORT"],
+                                               integer=True)
+        if "NEXARCH_API_ENABLED" in env:
+            api_kwargs["enabled"] = _parse_bool("NEXARCH_API_ENABLED", env["NEXARCH_API_ENABLED"])
+        if api_kwargs:
+            top["api"] = ApiSettings(**api_kwargs)  # type: ignore[arg-type]
         if env.get("NEXARCH_INDEX_BACKEND"):
             top["index_backend"] = env["NEXARCH_INDEX_BACKEND"]
         if env.get("NEXARCH_MANTICORE_URL"):
@@ -232,7 +244,8 @@ class Settings:
     def known_env_keys() -> frozenset[str]:
         queue = {f"NEXARCH_QUEUE_{f.name.upper()}" for f in fields(QueueSettings)}
         queue |= {f"NEXARCH_IMPORT_{f.name.upper()}" for f in fields(ImportSettings)}
-        return frozenset(queue | {"NEXARCH_SECRET_KEY_FILE",
+        return frozenset(queue | {"NEXARCH_SECRET_KEY_FILE", "NEXARCH_CONFIG",
+            "NEXARCH_LOG_FORMAT", "NEXARCH_API_HOST", "NEXARCH_API_PORT", "NEXARCH_API_ENABLED",
             "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
             "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL"})
@@ -250,6 +263,15 @@ def _read_secret(key: str, path: str) -> str:
     if not value:
         raise ConfigurationError(f"{key}={path!r} is empty")
     return value
+
+
+def _parse_bool(key: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{key}={raw!r} is not true or false")
 
 
 def _parse_number(key: str, raw: str, *, integer: bool) -> int | float:

@@ -1,0 +1,97 @@
+"""The TOML configuration file, environment overrides and `config check`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nexarch_events.config import effective, load_settings, mask_url
+from nexarch_events.errors import ConfigurationError
+
+TOKEN = "0123456789abcdef-ops-token"
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "nexarch.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_file_then_environment(tmp_path: Path) -> None:
+    token_file = tmp_path / "acme.token"
+    token_file.write_text("acme-token-0123456789\n")
+    path = write(tmp_path, f'''
+database_url = "postgresql://app:s3cret@db/mail"
+search_languages = ["english"]
+log_format = "json"
+[queue]
+workers = 8
+[import]
+idle_limit = 3
+[api]
+port = 9090
+[[api.tokens]]
+name = "ops"
+token = "{TOKEN}"
+[[api.tokens]]
+name = "acme"
+tenant = "acme"
+token_file = "{token_file}"
+''')
+    settings = load_settings(path, {"NEXARCH_QUEUE_WORKERS": "2"})
+    assert settings.queue.workers == 2  # the environment wins
+    assert settings.importer.idle_limit == 3 and settings.api.port == 9090
+    assert settings.search_languages == ("english",) and settings.log_format == "json"
+    ops, acme = settings.api.tokens
+    assert ops.tenant is None and ops.sha256 == hashlib.sha256(TOKEN.encode()).hexdigest()
+    assert acme.tenant == "acme"
+    shown = json.dumps(effective(settings))
+    assert "s3cret" not in shown and TOKEN not in shown and ops.sha256 not in shown
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("worker = 3", "unknown key 'worker'"),
+    ("[queue]\nworkerz = 3", "unknown key queue.workerz"),
+    ("[queue]\nworkers = 0", "queue.workers must be a whole number"),
+    ("[api]\nport = 99999", "api.port"),
+    ("[[api.tokens]]\nname = \"x\"", "exactly one of token"),
+    ("[[api.tokens]]\nname = \"x\"\ntoken = \"short\"", "at least 16"),
+    ("[[api.tokens]]\nname = \"x\"\ntenant = \"Bad Slug\"\ntoken_sha256 = \"" + "a" * 64 + "\"",
+     "not a valid tenant slug"),
+    ("log_format = \"xml\"", "log_format must be"),
+    ("this is = not toml", "not valid TOML"),
+])
+def test_errors_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        load_settings(write(tmp_path, text), {})
+
+
+def test_missing_file_and_env_pointer(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match="cannot be read"):
+        load_settings(str(tmp_path / "nope.toml"), {})
+    path = write(tmp_path, "[queue]\nworkers = 5")
+    assert load_settings(None, {"NEXARCH_CONFIG": path}).queue.workers == 5
+
+
+def test_mask_url() -> None:
+    assert mask_url("postgresql://u:p%40ss@h:5/d") == "postgresql://u:***@h:5/d"
+    assert mask_url("postgresql://h/d") == "postgresql://h/d"
+
+
+def test_config_check_command(tmp_path: Path) -> None:
+    path = write(tmp_path, 'database_url = "postgresql://u:hunter2hunter2@h/d"\n')
+    env = {"PATH": "/usr/bin:/bin"}
+    ok = subprocess.run([sys.executable, "-m", "nexarch_events", "--config", path, "config",
+                         "check"], env=env, capture_output=True, text=True, check=False)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["database_url"] == "postgresql://u:***@h/d"
+    assert "hunter2" not in ok.stdout + ok.stderr
+    bad = subprocess.run([sys.executable, "-m", "nexarch_events", "--config", path, "config",
+                          "check"], env={**env, "NEXARCH_POOL_SIZE": "x"},
+                         capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "NEXARCH_POOL_SIZE='x' is not a whole number" in bad.stderr
