@@ -6,4 +6,5 @@ COPY sql ./sql
 RUN pip install --no-cache-dir . && useradd --system nexarch
 USER nexarch
 ENTRYPOINT []
-CMD ["nexarch-events", "worker"]
+EXPOSE 8080
+CMD ["nexarch-events", "run"]

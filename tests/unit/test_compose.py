@@ -14,13 +14,22 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_compose_uses_only_settings_the_package_knows() -> None:
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services = compose["services"]
-    assert {"postgres", "manticore", "worker"} <= set(services)
-    env = services["worker"]["environment"]
+    assert {"postgres", "manticore", "service", "dovecot"} <= set(services)
+    env = services["service"]["environment"]
     assert set(env) <= Settings.known_env_keys()
     # The worker's settings must validate (secret file aside).
-    Settings.from_env({k: v for k, v in env.items() if not k.endswith("_FILE")})
+    Settings.from_env({k: v for k, v in env.items() if not k.endswith(("_FILE", "CONFIG"))})
     assert env["NEXARCH_MANTICORE_URL"].endswith(":9308")
     assert "127.0.0.1:9308:9308" in services["manticore"]["ports"]
-    for name in ("postgres", "manticore"):
+    for name in ("postgres", "manticore", "service", "dovecot"):
         assert "healthcheck" in services[name]
+    # The API listens where the port mapping and the health check look.
+    settings = Settings.from_env({k: v for k, v in env.items() if not k.endswith(("_FILE",
+                                                                                 "CONFIG"))})
+    assert settings.index_backend == "manticore"
+    assert settings.api.host == "0.0.0.0"
+    assert f"127.0.0.1:{settings.api.port}:{settings.api.port}" in services["service"]["ports"]
+    assert f":{settings.api.port}/readyz" in " ".join(services["service"]["healthcheck"]["test"])
+    assert services["service"]["command"] == ["nexarch-events", "run"]
+    assert set(services["service"]["secrets"]) <= set(compose["secrets"])
     assert all(s.get("file") for s in compose["secrets"].values())
