@@ -2,6 +2,7 @@
 
 Exit codes: 0 success; 1 an operation failed (e.g. job not found);
 2 bad usage or configuration; 3 the database is unreachable;
+70 internal error (a bug: the traceback is logged; please report it);
 130 interrupted before a clean shutdown could start.
 """
 
@@ -33,6 +34,8 @@ from .errors import (
 from .settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: An exception nobody expected: a bug. The traceback is logged.
+EXIT_BUG = 70
 
 log = logging.getLogger("nexarch_events")
 
@@ -615,7 +618,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         leaves = leaf_errors(exc)
         reported = [exit_code(leaf) for leaf in leaves]
         if not leaves or any(r is None for r in reported):
-            raise
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+            log.critical("internal error, stopping (this is a bug; please report it "
+                         "with this traceback)", exc_info=exc)
+            return EXIT_BUG
         worst = max(r for r in reported if r is not None)
         for _, message in {r for r in reported if r is not None}:
             print(f"nexarch-events: {message}", file=sys.stderr)
