@@ -174,3 +174,20 @@ async def test_pooled_runs_never_leave_the_lock_behind(db: Database) -> None:
         with trio.fail_after(5):
             report = await run_sync(db, cfg, "secret", lock_wait=1)
     assert report.last_synced_uid == 3
+
+
+async def test_idle_is_reissued_on_schedule(db: Database) -> None:
+    """Servers drop IDLE after some minutes: the runner ends IDLE (DONE)
+    every idle_refresh seconds, runs a delta sync and IDLEs again."""
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db, idle_refresh=0.3) as sched:
+            await rec.wait_for_imported(uid=1)
+            await wait_idle(sched)
+            with trio.fail_after(10):
+                while server.commands.count("DONE") < 3:
+                    await trio.sleep(0.05)
+            # Each refresh re-examined the mailbox (a delta sync) on the
+            # same connection, and IDLE was issued again after it.
+            assert server.commands.count("IDLE") >= 3
+            assert server.connections == 1
