@@ -77,7 +77,12 @@ def database_url(settings: Settings) -> Iterator[str]:
     started_here = not server.is_running()
     if started_here:
         log.info("starting embedded Postgres data_dir=%s port=%d", data, server.port)
-        server.start()
+        try:
+            server.start()
+        except BaseException:
+            # E.g. Ctrl-C mid-start: do not leave a server behind.
+            server.stop("immediate")
+            raise
         port_file.write_text(str(server.port))
     try:
         yield server.url()
@@ -443,7 +448,12 @@ def cmd_mailbox_new_key(args: argparse.Namespace, settings: Settings, url: str) 
 def cmd_demo(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from .demo import run_demo
 
-    return run_demo(url, settings, jobs=args.jobs, rate=args.rate)
+    if not args.verbose:
+        # The demo's own lines tell the story; the service's info lines
+        # (stderr) would bury them. Warnings still show.
+        logging.getLogger("nexarch_events").setLevel(
+            max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    return run_demo(url, settings, duration=args.duration, rate=args.rate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -573,9 +583,15 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--tenant", help="one tenant (default: every tenant in the archive)")
     verify.set_defaults(fn=cmd_verify_index)
 
-    demo = sub.add_parser("demo", help="a worker process plus a producer; shows jobs handled")
-    demo.add_argument("--jobs", type=int, default=300)
-    demo.add_argument("--rate", type=float, default=50.0, help="jobs per second")
+    demo = sub.add_parser(
+        "demo", help="the whole service on a sample IMAP mailbox served in this process; "
+                     "shows each new message's arrival -> searchable latency")
+    demo.add_argument("--duration", type=float, default=30.0,
+                      help="seconds of new mail (default 30); Ctrl-C ends it earlier")
+    demo.add_argument("--rate", type=float, default=2.0,
+                      help="new messages per second (default 2)")
+    demo.add_argument("--verbose", action="store_true",
+                      help="also show the service's info log lines (stderr)")
     demo.set_defaults(fn=cmd_demo, workers=None, batch_size=None)
     return parser
 

@@ -1,0 +1,491 @@
+"""A small in-memory IMAP4rev1 server (trio) with IDLE, for the demo and for tests.
+
+``nexarch-events demo`` serves its sample mailbox with it, in-process; tests
+(ours and those of code that embeds nexarch-events) use it for what a real
+server will not do on demand: the ``Faults`` below.
+
+    async with open_scripted_imap(user="user", password="secret") as server:
+        uid = server.add_message(raw_bytes)   # idling clients get ``* n EXISTS``
+        ...  # connect an importer to server.host:server.port, tls "plain"
+
+It listens on 127.0.0.1:<free port> only (no TLS: loopback), logs in with
+LOGIN (user and password), and answers the commands an importer sends:
+CAPABILITY, LOGIN, EXAMINE/SELECT, UID SEARCH (``ALL`` and ``UID <set>``,
+optionally after ``CHARSET x``), UID FETCH (``UID``, ``FLAGS``,
+``RFC822.SIZE``, ``BODY[]``, ``BODY.PEEK[]``, ``RFC822``), UID STORE
+(recorded only), IDLE/DONE, NOOP and LOGOUT. Anything else gets ``BAD``.
+There is one mailbox; sequence numbers are 1-based positions in
+``messages``. Mail is added in-process (``add_message``), not by APPEND.
+
+UID sets follow RFC 3501: ``*`` is the largest UID in use, so ``n:*`` with n
+above it still matches the last message. Only existing UIDs are iterated,
+never numeric ranges, so sparse UIDs such as 4000000000 are cheap.
+
+Faults (``Faults``, mutable between connections) bend replies: no or zero
+UIDVALIDITY, no UIDNEXT, wrong or descending UIDs in FETCH, FETCH without
+data, a connection cut mid-literal, ``* BYE`` after ``+ idling`` and a
+server that goes silent at a chosen command. ``Faults().uidvalidity`` is
+also simply the mailbox's UIDVALIDITY.
+
+Not for untrusted clients: it keeps everything in memory and bounds nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Literal
+
+import trio
+
+__all__ = ["Faults", "ScriptedImapServer", "ScriptedMessage", "open_scripted_imap",
+           "resolve_uid_set"]
+
+_LITERAL = re.compile(rb"\{(\d+)(\+?)\}$")
+_BODY_ITEM = re.compile(r"\bBODY(\.PEEK)?\[\]|\bRFC822(?![.\w])")
+_FLAGS_ITEM = re.compile(r"(?<![\w.+-])FLAGS\b")
+_SYSTEM_FLAGS = r"\Answered \Flagged \Deleted \Seen \Draft"
+
+
+@dataclass
+class ScriptedMessage:
+    uid: int
+    body: bytes | None  # None: the server answers ``BODY[] NIL``
+    size: int | None = None  # RFC822.SIZE reported; None: len(body), or 0 without a body
+    flags: set[str] = field(default_factory=set)
+
+    @property
+    def reported_size(self) -> int:
+        if self.size is not None:
+            return self.size
+        return len(self.body) if self.body is not None else 0
+
+
+@dataclass
+class Faults:
+    uidvalidity: int | None = 1  # None: no UIDVALIDITY line at all
+    uidnext: int | Literal["auto"] | None = "auto"  # None: no UIDNEXT line; auto: max uid + 1
+    report_uid: dict[int, int] = field(default_factory=dict)  # FETCH reports value for key
+    descending_fetch: bool = False  # FETCH replies in descending UID order
+    cut_mid_literal_uid: int | None = None  # send half this BODY[] literal, then close
+    bye_after_idle: Literal["close", "hang"] | None = None  # ``* BYE`` after ``+ idling``
+    silent_after: str | None = None  # at this command (e.g. "UID FETCH"): never answer again
+    empty_fetch_uids: set[int] = field(default_factory=set)  # FETCH OK but no data for these
+    no_idle_capability: bool = False  # IDLE not advertised (and answered BAD)
+
+
+class _BadCommand(Exception):
+    """Answered ``<tag> BAD <message>``."""
+
+
+class _Disconnect(Exception):
+    """End the connection (close the socket)."""
+
+
+def resolve_uid_set(spec: str, uids: Iterable[int]) -> set[int]:
+    """The existing UIDs matched by ``spec`` (``1,5,9``, ``3:7``, ``7:3``, ``5:*``, ``*``)."""
+    existing = list(uids)
+    top = max(existing, default=0)
+
+    def number(text: str) -> int:
+        if text == "*":
+            return top
+        if not text.isdigit():
+            raise _BadCommand(f"Invalid UID set: {spec}")
+        return int(text)
+
+    selected: set[int] = set()
+    for part in spec.split(","):
+        first, colon, last = part.partition(":")
+        low = number(first)
+        high = number(last) if colon else low
+        low, high = min(low, high), max(low, high)
+        selected.update(uid for uid in existing if low <= uid <= high)
+    return selected
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _tokenize(text: str) -> list[tuple[str, str]]:
+    """Split a command into (value, raw) tokens: quoted strings are unquoted,
+    parenthesized and bracketed groups (``BODY.PEEK[]``, ``(UID FLAGS)``) stay whole."""
+    tokens: list[tuple[str, str]] = []
+    i, end = 0, len(text)
+    while i < end:
+        if text[i] == " ":
+            i += 1
+            continue
+        start = i
+        if text[i] == '"':
+            chars: list[str] = []
+            i += 1
+            while i < end and text[i] != '"':
+                if text[i] == "\\" and i + 1 < end:
+                    i += 1
+                chars.append(text[i])
+                i += 1
+            if i >= end:
+                raise _BadCommand("Unterminated quoted string")
+            i += 1
+            tokens.append(("".join(chars), text[start:i]))
+            continue
+        depth = 0
+        while i < end and (depth > 0 or text[i] != " "):
+            depth += (text[i] in "([") - (text[i] in ")]")
+            i += 1
+        tokens.append((text[start:i], text[start:i]))
+    return tokens
+
+
+class _Reader:
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self._stream = stream
+        self._buffer = bytearray()
+
+    async def _fill(self) -> bool:
+        data = await self._stream.receive_some(65536)
+        self._buffer += data
+        return bool(data)
+
+    async def readline(self) -> bytes | None:
+        """The next line without its CRLF; None at end of stream."""
+        while (newline := self._buffer.find(b"\n")) < 0:
+            if not await self._fill():
+                return None
+        line = bytes(self._buffer[:newline])
+        del self._buffer[: newline + 1]
+        return line.removesuffix(b"\r")
+
+    async def read_exactly(self, count: int) -> bytes | None:
+        while len(self._buffer) < count:
+            if not await self._fill():
+                return None
+        data = bytes(self._buffer[:count])
+        del self._buffer[:count]
+        return data
+
+
+@dataclass(eq=False)
+class _Connection:
+    stream: trio.SocketStream
+    reader: _Reader
+    authenticated: bool = False
+    selected: bool = False
+    read_only: bool = True
+    exists_sent: int = 0
+    line: str = ""  # the current command as logged
+
+    async def send(self, data: str | bytes) -> None:
+        if isinstance(data, str):
+            data = data.encode() + b"\r\n"
+        await self.stream.send_all(data)
+
+
+class ScriptedImapServer:
+    """Run with ``await nursery.start(server.serve)`` or ``open_scripted_imap()``."""
+
+    def __init__(self, messages: list[ScriptedMessage] | None = None, *,
+                 faults: Faults | None = None, user: str = "user",
+                 password: str = "secret", mailbox: str = "INBOX") -> None:
+        self.messages: list[ScriptedMessage] = list(messages or [])
+        self.faults = faults if faults is not None else Faults()
+        self.user = user
+        self.password = password
+        self.mailbox = mailbox
+        self.host = "127.0.0.1"
+        self.port = 0
+        #: every command received, tag stripped; LOGIN passwords as ***; "DONE" ends IDLE
+        self.commands: list[str] = []
+        #: accepted connections so far
+        self.connections = 0
+        #: commands that would set \Seen: STOREs and non-PEEK BODY[]/RFC822 fetches
+        self.flag_changes: list[str] = []
+        self._changed = trio.Event()
+
+    # -- the mailbox, changed by tests ------------------------------------
+
+    def add_message(self, body: bytes, *, uid: int | None = None) -> int:
+        """Append a message (UID default: max + 1); idling clients get ``* n EXISTS``."""
+        if uid is None:
+            uid = max((m.uid for m in self.messages), default=0) + 1
+        elif any(m.uid == uid for m in self.messages):
+            raise ValueError(f"UID {uid} is already in the mailbox")
+        self.messages.append(ScriptedMessage(uid, body))
+        self._notify()
+        return uid
+
+    def set_messages(self, messages: list[ScriptedMessage], *,
+                     uidvalidity: int | None) -> None:
+        """Replace the mailbox content and its UIDVALIDITY (None: not reported)."""
+        self.messages = list(messages)
+        self.faults.uidvalidity = uidvalidity
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _capabilities(self) -> str:
+        idle = "" if self.faults.no_idle_capability else " IDLE"
+        return f"IMAP4rev1{idle} UIDPLUS LITERAL+"
+
+    def _silent(self, name: str) -> bool:
+        wanted = self.faults.silent_after
+        return wanted is not None and " ".join(wanted.upper().split()) == name
+
+    # -- serving ----------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """Listen on 127.0.0.1:<free port>; ``started(port)`` once bound."""
+        listeners = await trio.open_tcp_listeners(0, host=self.host)
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(self.port)
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.connections += 1
+        connection = _Connection(stream, _Reader(stream))
+        try:
+            await self._converse(connection)
+        except (_Disconnect, trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _hang(self, connection: _Connection) -> None:
+        """Read and discard everything, answer nothing, keep the socket open."""
+        while await connection.stream.receive_some(65536):
+            pass
+        raise _Disconnect
+
+    async def _read_command(self, connection: _Connection) -> str | None:
+        """One command, literals (``{n}`` and ``{n+}``) inlined as quoted strings."""
+        parts: list[str] = []
+        while True:
+            line = await connection.reader.readline()
+            if line is None:
+                return None
+            literal = _LITERAL.search(line)
+            if literal is None:
+                parts.append(line.decode(errors="replace"))
+                return "".join(parts)
+            parts.append(line[: literal.start()].decode(errors="replace"))
+            if not literal.group(2):
+                await connection.send("+ Ready")
+            data = await connection.reader.read_exactly(int(literal.group(1)))
+            if data is None:
+                return None
+            parts.append(_quote(data.decode(errors="replace")))
+
+    async def _converse(self, connection: _Connection) -> None:
+        if self._silent("GREETING"):
+            await self._hang(connection)
+        await connection.send(f"* OK [CAPABILITY {self._capabilities()}] Scripted IMAP ready.")
+        while True:
+            text = await self._read_command(connection)
+            if text is None:
+                return
+            tag = text.split(" ", 1)[0] or "*"
+            try:
+                tokens = _tokenize(text)
+                if len(tokens) < 2:
+                    self.commands.append(text)
+                    raise _BadCommand("Missing tag or command")
+                tag = tokens[0][0]
+                name, args = tokens[1][0].upper(), [value for value, _ in tokens[2:]]
+                if name == "UID" and args:
+                    name, args = f"UID {args[0].upper()}", args[1:]
+                connection.line = text[len(tokens[0][1]):].lstrip(" ")
+                if name == "LOGIN" and len(tokens) >= 4:
+                    connection.line = f"LOGIN {tokens[2][1]} ***"
+                self.commands.append(connection.line)
+                if self._silent(name):
+                    await self._hang(connection)
+                await self._dispatch(connection, tag, name, args)
+            except _BadCommand as error:
+                await connection.send(f"{tag} BAD {error}")
+
+    async def _dispatch(self, connection: _Connection, tag: str, name: str,
+                        args: list[str]) -> None:
+        if name in ("EXAMINE", "SELECT", "IDLE") and not connection.authenticated:
+            raise _BadCommand("Not logged in.")
+        if (name.startswith("UID ") or name == "FETCH") and not connection.selected:
+            raise _BadCommand("No mailbox selected.")
+        if name == "CAPABILITY":
+            await connection.send(f"* CAPABILITY {self._capabilities()}")
+            await connection.send(f"{tag} OK Capability completed.")
+        elif name == "LOGIN":
+            await self._login(connection, tag, args)
+        elif name in ("EXAMINE", "SELECT"):
+            await self._select(connection, tag, name, args)
+        elif name == "UID SEARCH":
+            await self._uid_search(connection, tag, args)
+        elif name == "UID FETCH":
+            await self._uid_fetch(connection, tag, args)
+        elif name == "FETCH":
+            await self._uid_fetch(connection, tag, args, by_sequence=True)
+        elif name == "UID STORE":
+            self.flag_changes.append(connection.line)
+            if connection.read_only:
+                await connection.send(f"{tag} NO [READ-ONLY] Mailbox is read-only.")
+            else:
+                await connection.send(f"{tag} OK Store completed.")
+        elif name == "IDLE" and not self.faults.no_idle_capability:
+            await self._idle(connection, tag)
+        elif name == "NOOP":
+            await self._report_exists(connection)
+            await connection.send(f"{tag} OK NOOP completed.")
+        elif name == "LOGOUT":
+            await connection.send("* BYE Logging out")
+            await connection.send(f"{tag} OK Logout completed.")
+            raise _Disconnect
+        else:
+            raise _BadCommand(f"Unknown command {name}")
+
+    async def _login(self, connection: _Connection, tag: str, args: list[str]) -> None:
+        if connection.authenticated or len(args) != 2:
+            raise _BadCommand("LOGIN expects a user and a password")
+        if args != [self.user, self.password]:
+            await connection.send(f"{tag} NO [AUTHENTICATIONFAILED] Authentication failed.")
+            return
+        connection.authenticated = True
+        await connection.send(f"{tag} OK Logged in")
+
+    async def _select(self, connection: _Connection, tag: str, name: str,
+                      args: list[str]) -> None:
+        if len(args) != 1:
+            raise _BadCommand(f"{name} expects a mailbox name")
+        wanted = args[0]
+        if wanted != self.mailbox and not (wanted.upper() == "INBOX" == self.mailbox.upper()):
+            connection.selected = False
+            await connection.send(f"{tag} NO [NONEXISTENT] Mailbox doesn't exist: {wanted}")
+            return
+        connection.selected, connection.read_only = True, name == "EXAMINE"
+        connection.exists_sent = len(self.messages)
+        permanent = "()" if connection.read_only else f"({_SYSTEM_FLAGS} \\*)"
+        lines = [f"* FLAGS ({_SYSTEM_FLAGS})",
+                 f"* OK [PERMANENTFLAGS {permanent}] Flags permitted.",
+                 f"* {len(self.messages)} EXISTS",
+                 "* 0 RECENT"]
+        if self.faults.uidvalidity is not None:
+            lines.append(f"* OK [UIDVALIDITY {self.faults.uidvalidity}] UIDs valid")
+        uidnext = self.faults.uidnext
+        if uidnext == "auto":
+            uidnext = max((m.uid for m in self.messages), default=0) + 1
+        if uidnext is not None:
+            lines.append(f"* OK [UIDNEXT {uidnext}] Predicted next UID")
+        mode = "READ-ONLY" if connection.read_only else "READ-WRITE"
+        lines.append(f"{tag} OK [{mode}] {name} completed.")
+        await connection.send("".join(f"{line}\r\n" for line in lines).encode())
+
+    async def _uid_search(self, connection: _Connection, tag: str, args: list[str]) -> None:
+        if len(args) >= 2 and args[0].upper() == "CHARSET":
+            args = args[2:]
+        if not args:
+            raise _BadCommand("SEARCH expects criteria")
+        everything = {m.uid for m in self.messages}
+        found = set(everything)
+        criteria = iter(args)
+        for key in criteria:
+            if key.upper() == "UID":
+                found &= resolve_uid_set(next(criteria, ""), everything)
+            elif key.upper() != "ALL":
+                raise _BadCommand(f"Unsupported search key {key}")
+        await connection.send(" ".join(["* SEARCH", *map(str, sorted(found))]))
+        await connection.send(f"{tag} OK Search completed.")
+
+    async def _uid_fetch(self, connection: _Connection, tag: str, args: list[str], *,
+                         by_sequence: bool = False) -> None:
+        if len(args) < 2:
+            raise _BadCommand("UID FETCH expects a UID set and data items")
+        items = " ".join(args[1:]).upper()
+        body_item = _BODY_ITEM.search(items)
+        if by_sequence:
+            # A sequence set is a set over positions 1..n.
+            seqs = resolve_uid_set(args[0], range(1, len(self.messages) + 1))
+            chosen = {m.uid for seq, m in enumerate(self.messages, start=1) if seq in seqs}
+        else:
+            chosen = resolve_uid_set(args[0], (m.uid for m in self.messages))
+        positions = {id(m): seq for seq, m in enumerate(self.messages, start=1)}
+        found = sorted((m for m in self.messages if m.uid in chosen), key=lambda m: m.uid,
+                       reverse=self.faults.descending_fetch)
+        if body_item is not None and not body_item.group(0).startswith("BODY.PEEK"):
+            self.flag_changes.append(connection.line)
+            if not connection.read_only:
+                for message in found:
+                    message.flags.add("\\Seen")
+        for message in found:
+            if message.uid in self.faults.empty_fetch_uids:
+                continue
+            parts = [f"UID {self.faults.report_uid.get(message.uid, message.uid)}"]
+            if _FLAGS_ITEM.search(items):
+                parts.append(f"FLAGS ({' '.join(sorted(message.flags))})")
+            if "RFC822.SIZE" in items:
+                parts.append(f"RFC822.SIZE {message.reported_size}")
+            head = f"* {positions[id(message)]} FETCH ({' '.join(parts)}"
+            if body_item is None:
+                await connection.send(f"{head})")
+                continue
+            name = "RFC822" if body_item.group(0) == "RFC822" else "BODY[]"
+            if message.body is None:
+                await connection.send(f"{head} {name} NIL)")
+                continue
+            start = f"{head} {name} {{{len(message.body)}}}\r\n".encode()
+            if message.uid == self.faults.cut_mid_literal_uid:
+                await connection.send(start + message.body[: len(message.body) // 2])
+                raise _Disconnect
+            await connection.send(start + message.body + b")\r\n")
+        await connection.send(f"{tag} OK Fetch completed.")
+
+    async def _report_exists(self, connection: _Connection) -> None:
+        if connection.selected and connection.exists_sent != len(self.messages):
+            connection.exists_sent = len(self.messages)
+            await connection.send(f"* {connection.exists_sent} EXISTS")
+
+    async def _push_exists(self, connection: _Connection) -> None:
+        while True:
+            changed = self._changed
+            await self._report_exists(connection)
+            await changed.wait()
+
+    async def _idle(self, connection: _Connection, tag: str) -> None:
+        await connection.send("+ idling")
+        if self.faults.bye_after_idle is not None:
+            await connection.send("* BYE Server shutting down.")
+            if self.faults.bye_after_idle == "close":
+                raise _Disconnect
+            await self._hang(connection)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._push_exists, connection)
+            line = await connection.reader.readline()
+            nursery.cancel_scope.cancel()
+        if line is None:
+            raise _Disconnect
+        done = line.decode(errors="replace")
+        self.commands.append(done)
+        if self._silent("DONE"):
+            await self._hang(connection)
+        if done.strip().upper() != "DONE":
+            raise _BadCommand("Expected DONE")
+        await connection.send(f"{tag} OK Idle completed.")
+
+
+@asynccontextmanager
+async def open_scripted_imap(messages: list[ScriptedMessage] | None = None, *,
+                             faults: Faults | None = None, user: str = "user",
+                             password: str = "secret", mailbox: str = "INBOX"
+                             ) -> AsyncIterator[ScriptedImapServer]:
+    """Serve on 127.0.0.1:<free port> for the block; cancelled on exit."""
+    server = ScriptedImapServer(messages, faults=faults, user=user, password=password,
+                                mailbox=mailbox)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve)
+        yield server
+        nursery.cancel_scope.cancel()
