@@ -134,8 +134,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
         from .indexer import Indexer
 
         async with Database.open(url, max_size=2) as db, open_index(settings, db) as backend:
+            # `run` serves the HTTP API too (it searches through this backend).
             await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=args.name,
-                        importer=importer)
+                        importer=importer, backend=backend if importer else None)
 
     aio_run(run_indexer)
     return EXIT_OK

@@ -28,6 +28,7 @@ mail stays.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import os
 import random
@@ -36,7 +37,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 from urllib.parse import urlsplit
 
@@ -55,7 +56,7 @@ from .notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Event, Listener, 
 from .queue import Queue
 from .samples import SampleMail, sample_mail
 from .service import QueueService, serve
-from .settings import Settings
+from .settings import ApiToken, Settings
 from .worker import BatchHandler
 
 TENANT = "demo"
@@ -177,10 +178,12 @@ class Tracker:
                 sum(a.searchable_at is not None for a in chosen))
 
 
-def status_page_url(settings: Settings, *, api_module: str = f"{__package__}.api"
-                    ) -> str | None:
+def status_page_url(settings: Settings, *, port: int | None = None, token: str | None = None,
+                    api_module: str = f"{__package__}.api") -> str | None:
     """Where the service's status page is, if the HTTP API exists (a module
-    ``api_module`` with ``serve_api``) and is enabled; else None."""
+    ``api_module`` with ``serve_api``) and is enabled; else None. ``port``:
+    the one actually bound (the setting may be 0); ``token`` goes into the
+    URL fragment, which the browser never sends to the server."""
     if not settings.api.enabled:
         return None
     try:
@@ -195,7 +198,8 @@ def status_page_url(settings: Settings, *, api_module: str = f"{__package__}.api
         host = "127.0.0.1"
     elif ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{settings.api.port}/"
+    fragment = f"#token={token}" if token else ""
+    return f"http://{host}:{settings.api.port if port is None else port}/{fragment}"
 
 
 def describe_url(url: str) -> str:
@@ -216,7 +220,12 @@ class Demo:
     def __init__(self, url: str, settings: Settings, *, duration: float, rate: float,
                  initial: int = INITIAL_MESSAGES, out: TextIO | None = None) -> None:
         self.url = url
-        self.settings = settings
+        # An admin token for this run's status page (only its hash is kept
+        # in the settings; the token itself goes into the printed URL).
+        self.api_token = secrets.token_urlsafe(24)
+        digest = hashlib.sha256(self.api_token.encode()).hexdigest()
+        self.settings = replace(settings, api=replace(
+            settings.api, tokens=(*settings.api.tokens, ApiToken("demo-run", digest, None))))
         self.duration = duration
         self.rate = rate
         self.initial = initial
@@ -303,7 +312,8 @@ class Demo:
             nursery.start_soon(self._follow, sub)
         nursery.start_soon(self._search_loop, backend)
         os.environ[PASSWORD_ENV] = self.password
-        self.service = await nursery.start(self._serve, Indexer(db, backend).handlers())
+        self.service = await nursery.start(self._serve, Indexer(db, backend).handlers(),
+                                           backend)
         self._header(backend)
         with self.running:
             await self._wait_first_sync()
@@ -320,11 +330,11 @@ class Demo:
                       (await Queue(db, self.settings.queue).stats()).counts.items()}
         await self._final_searches(backend)
 
-    async def _serve(self, handlers: Mapping[str, BatchHandler], *,
+    async def _serve(self, handlers: Mapping[str, BatchHandler], backend: IndexBackend, *,
                      task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED
                      ) -> None:
         try:
-            await serve(self.settings, handlers, dsn=self.url, importer=True,
+            await serve(self.settings, handlers, dsn=self.url, importer=True, backend=backend,
                         task_status=task_status)
         finally:
             self.served.set()
@@ -351,8 +361,9 @@ class Demo:
                  f"{self.initial} messages to begin with")
         self.say(f"  mailbox      {TENANT}/{MAILBOX}, imported over IDLE; "
                  f"index backend: {backend.name}")
-        url = status_page_url(self.settings)
-        if url is not None:
+        port = self.service.api_port if self.service is not None else None
+        url = status_page_url(self.settings, port=port, token=self.api_token)
+        if url is not None and port is not None:
             self.say(f"  status page  {url}")
 
     async def _follow(self, sub: AsyncIterator[Event]) -> None:

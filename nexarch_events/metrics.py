@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from . import sqlfiles
 from .aio import Executor
@@ -71,7 +71,8 @@ class Metrics:
         self.job_outcomes: Counter[str] = Counter()
         self.import_runs: Counter[tuple[str, str, str]] = Counter()
         self.imported_messages: Counter[tuple[str, str]] = Counter()
-        self.listener_reconnects = 0
+        #: Reads the LISTEN connection's reconnect count (set by the service).
+        self.listener_reconnects: Callable[[], int] = lambda: 0
 
     def observe_claims(self, jobs: Iterable[ClaimedJob]) -> None:
         now = time.time()
@@ -110,7 +111,7 @@ class Metrics:
             "Enqueue to claim of first attempts, as seen by this process's workers.")
         lines += ["# HELP nexarch_listener_reconnects_total LISTEN connection reconnects.",
                   "# TYPE nexarch_listener_reconnects_total counter",
-                  f"nexarch_listener_reconnects_total {self.listener_reconnects}"]
+                  f"nexarch_listener_reconnects_total {self.listener_reconnects()}"]
         rows = await db.fetch(sqlfiles.queries("importer.sql")["lag"])
         lines += ["# HELP nexarch_import_pending_messages UIDs the server had announced "
                   "(UIDNEXT) above the mailbox's watermark at its last run.",

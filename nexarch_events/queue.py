@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
@@ -228,6 +229,44 @@ class Queue:
         age = row["oldest_ready_age_s"]
         return QueueStats(counts=counts, oldest_ready_age_s=None if age is None else float(age))
 
+    async def stats_for(self, tenant_slug: str | None) -> QueueStats:
+        """``stats`` of one tenant's jobs (None: every tenant's)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["stats_scoped"], tenant_slug)
+        assert row is not None
+        raw = cast(dict[str, int], json.loads(row["counts"]))
+        counts = {status: int(raw.get(status.value, 0)) for status in JobStatus}
+        age = row["oldest_ready_age_s"]
+        return QueueStats(counts=counts, oldest_ready_age_s=None if age is None else float(age))
+
+    async def succeeded_within(self, seconds: float, *, tenant_slug: str | None = None) -> int:
+        """Jobs (of one tenant, or all) that succeeded in the last ``seconds``."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        return int(await self.db.fetchval(_SQL["succeeded_within"], tenant_slug,
+                                          float(seconds)))
+
+    async def last_finished(self, *, tenant_slug: str | None = None) -> JobId | None:
+        """The job (of one tenant, or all) that finished last; None if none has."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        value = await self.db.fetchval(_SQL["last_finished"], tenant_slug)
+        return None if value is None else JobId(int(value))
+
+    async def finished_after(self, job_id: int, *, tenant_slug: str | None = None,
+                             limit: int = 1000) -> list[FinishedJob]:
+        """Jobs (of one tenant, or all) that finished after job ``job_id`` did,
+        in finish order, at most ``limit`` (see ``finished_after`` in
+        sql/queue.sql for what "after" means when that job is not finished)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        rows = await self.db.fetch(_SQL["finished_after"], tenant_slug, int(job_id), limit)
+        return [FinishedJob(id=JobId(r["id"]), tenant_slug=r["tenant_slug"],
+                            status=JobStatus(r["status"]), job_type=JobType(r["job_type"]),
+                            message_id=r["message_id"], finished_at=r["finished_at"])
+                for r in rows]
+
     # -- helpers ---------------------------------------------------------------
 
     def _ack_result(self, rows: list[Row], sent: Iterable[JobId]) -> AckResult:
@@ -235,6 +274,18 @@ class Queue:
         refused = tuple(i for i in sent if i not in statuses)
         self.refused_acks += len(refused)
         return AckResult(statuses=statuses, refused=refused)
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedJob:
+    """A job in a final state, as ``Queue.finished_after`` reports it."""
+
+    id: JobId
+    tenant_slug: str
+    status: JobStatus
+    job_type: JobType
+    message_id: str
+    finished_at: datetime
 
 
 #: last_error is for people; a 100 KB traceback helps nobody and bloats rows.

@@ -17,11 +17,14 @@ from collections.abc import Mapping
 import trio
 
 from .aio import Database
+from .index.base import IndexBackend
+from .metrics import Metrics
 from .migrations import migrate
 from .notify import (
     IMPORT_REQUESTS_CHANNEL,
     INDEX_JOBS_CHANNEL,
     JOB_EVENTS_CHANNEL,
+    MAIL_IMPORTED_CHANNEL,
     Listener,
     Notification,
     Subscription,
@@ -54,6 +57,8 @@ class QueueService:
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
         self._cancel = trio.CancelScope()
+        #: The HTTP API's port once it listens (serve() with a backend).
+        self.api_port: int | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until ``shutdown`` has finished the workers, or until cancelled.
@@ -94,28 +99,48 @@ class QueueService:
 
 async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 dsn: str, name: str | None = None, importer: bool = False,
+                backend: IndexBackend | None = None,
                 task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED) -> None:
-    """Migrate, then run the queue service (and, with ``importer``, the IMAP
-    import scheduler in the same nursery) until SIGTERM/SIGINT has stopped it.
-    The importer stops with the workers: each message's import is one
-    transaction, so cancelling it mid-run loses nothing."""
+    """Migrate, then run until SIGTERM/SIGINT has stopped it: the queue
+    service, and in the same nursery the IMAP import scheduler (``importer``)
+    and the HTTP API (when ``backend`` is given and settings.api.enabled).
+
+    The importer and the API stop with the workers: each message's import is
+    one transaction, so cancelling it mid-run loses nothing. The API's bound
+    port is ``service.api_port`` once started."""
     from .importer.scheduler import ImportScheduler
 
+    api = backend is not None and settings.api.enabled
+    channels: tuple[str, ...] = ()
+    if importer:
+        channels += (IMPORT_REQUESTS_CHANNEL,)
+    if api:
+        channels += (MAIL_IMPORTED_CHANNEL,)
     async with Database.open(dsn, max_size=settings.pool_size,
                              command_timeout=settings.command_timeout) as db:
         await migrate(db)
-        service = QueueService(db, settings, handlers, name=name,
-                               extra_channels=(IMPORT_REQUESTS_CHANNEL,) if importer else ())
+        service = QueueService(db, settings, handlers, name=name, listen_job_events=api,
+                               extra_channels=channels)
+        metrics = Metrics()
+        metrics.listener_reconnects = lambda: service.listener.reconnects
+        service.pool.metrics = metrics
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, service)
             if importer:
                 scheduler = ImportScheduler(db, settings.importer,
                                             secret_key=settings.secret_key,
-                                            listener=service.listener)
+                                            listener=service.listener, metrics=metrics)
                 nursery.start_soon(scheduler.run)
             await nursery.start(_run_then_stop, service, nursery.cancel_scope)
-            log.info("worker running name=%s workers=%d batch_size=%d",
-                     service.pool.name, settings.queue.workers, settings.queue.batch_size)
+            if api:
+                from .api import ApiContext, serve_api
+
+                assert backend is not None
+                ctx = ApiContext(db, settings, backend, service.listener, metrics)
+                service.api_port = await nursery.start(serve_api, ctx)
+            log.info("service running name=%s workers=%d batch_size=%d importer=%s api=%s",
+                     service.pool.name, settings.queue.workers, settings.queue.batch_size,
+                     importer, f"{settings.api.host}:{service.api_port}" if api else "off")
             task_status.started(service)
 
 

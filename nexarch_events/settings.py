@@ -121,7 +121,10 @@ class ApiSettings:
     tokens: tuple[ApiToken, ...] = ()
 
     def __post_init__(self) -> None:
-        _positive_int("api.port", self.port, upper=65535)
+        if isinstance(self.port, bool) or not isinstance(self.port, int) \
+                or not 0 <= self.port <= 65535:
+            raise ConfigurationError(f"api.port (NEXARCH_API_PORT) must be 0..65535 (0: any "
+                                     f"free port), got {self.port!r}")
         names = [t.name for t in self.tokens]
         if len(set(names)) != len(names):
             raise ConfigurationError("api tokens must have distinct names")

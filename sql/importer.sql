@@ -149,3 +149,42 @@ SELECT tenant_slug, mailbox_name, last_synced_uid, server_uidnext,
        extract(epoch FROM now() - last_success_at)::float8 AS since_success
   FROM mail_import_state
  ORDER BY tenant_slug, mailbox_name;
+
+-- name: mailbox_get_by_id
+-- A registered mailbox by id, within tenant $2 (NULL: any tenant). No row:
+-- no such mailbox there (the HTTP API answers 404 either way).
+SELECT m.*
+  FROM mail_import_mailboxes m
+ WHERE m.id = $1::bigint
+   AND ($2::text IS NULL OR m.tenant_slug = $2::text);
+
+-- name: archived_after
+-- Archived messages of tenant $1 (NULL: all) with an id above $2, at most
+-- $3, each with the first place it was seen (none if stored without one):
+-- the replay of an event stream that resumes after archive id $2.
+SELECT a.id AS archive_id, a.tenant_slug, a.archived_at,
+       l.mailbox, l.uidvalidity, l.uid
+  FROM mail_archive a
+  LEFT JOIN LATERAL (
+        SELECT loc.mailbox, loc.uidvalidity, loc.uid
+          FROM mail_archive_locations loc
+         WHERE loc.archive_id = a.id
+         ORDER BY loc.seen_at, loc.mailbox, loc.uidvalidity, loc.uid
+         LIMIT 1) l ON true
+ WHERE a.id > $2::bigint
+   AND ($1::text IS NULL OR a.tenant_slug = $1::text)
+ ORDER BY a.id
+ LIMIT $3::int;
+
+-- name: archive_max_id
+-- The newest archive id of tenant $1 (NULL: all); 0 if none.
+SELECT coalesce(max(id), 0) AS id
+  FROM mail_archive
+ WHERE $1::text IS NULL OR tenant_slug = $1::text;
+
+-- name: archive_mailboxes
+-- The mailboxes each of these messages ($2) of tenant $1 was seen in.
+SELECT archive_id, array_agg(DISTINCT mailbox ORDER BY mailbox) AS mailboxes
+  FROM mail_archive_locations
+ WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[])
+ GROUP BY archive_id;

@@ -196,3 +196,66 @@ SELECT count(*) AS n
 -- name: statuses
 -- Status of many jobs at once. $1 ids.
 SELECT id, status FROM mail_index_jobs WHERE id = ANY($1::bigint[]);
+
+-- name: stats_scoped
+-- The "stats" query for one tenant ($1), or for all ($1 NULL): the HTTP
+-- API's GET /queue. A tenant's view never counts another tenant's jobs.
+SELECT (SELECT coalesce(json_object_agg(status, n), '{}'::json)::text
+          FROM (SELECT status, count(*) AS n
+                  FROM mail_index_jobs
+                 WHERE $1::text IS NULL OR tenant_slug = $1::text
+                 GROUP BY status) s) AS counts,
+       (SELECT extract(epoch FROM now() - min(available_at))
+          FROM mail_index_jobs
+         WHERE status = 'pending' AND available_at <= now()
+           AND ($1::text IS NULL OR tenant_slug = $1::text)) AS oldest_ready_age_s;
+
+-- name: succeeded_within
+-- Throughput: jobs of tenant $1 (NULL: all) that succeeded in the last $2
+-- seconds. finished_at has no index, so this scans the table like "stats":
+-- an operator query, polled every few seconds at most.
+SELECT count(*) AS n
+  FROM mail_index_jobs
+ WHERE status = 'succeeded'
+   AND finished_at > now() - $2::float8 * interval '1 second'
+   AND ($1::text IS NULL OR tenant_slug = $1::text);
+
+-- name: last_finished
+-- The job that finished last (by finish time, then id) in tenant $1 (NULL:
+-- all), or no row: where an event stream that starts now stands.
+SELECT id
+  FROM mail_index_jobs
+ WHERE status IN ('succeeded', 'failed')
+   AND ($1::text IS NULL OR tenant_slug = $1::text)
+ ORDER BY finished_at DESC, id DESC
+ LIMIT 1;
+
+-- name: finished_after
+-- Finished jobs of tenant $1 (NULL: all) that finished after job $2 did,
+-- in finish order, at most $3: the replay of an event stream that resumes
+-- after job $2. The cursor is the finish time, not the id: a retried job
+-- finishes long after higher ids did, and must not be skipped. If job $2 is
+-- not a finished job of that tenant (0, requeued since, or another
+-- tenant's, which must not reveal when that one finished), jobs with a
+-- higher id are the best guess.
+WITH mark AS (
+    SELECT finished_at, id
+      FROM mail_index_jobs
+     WHERE id = $2::bigint
+       AND status IN ('succeeded', 'failed')
+       AND ($1::text IS NULL OR tenant_slug = $1::text)
+)
+SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
+  FROM mail_index_jobs j
+ WHERE j.status IN ('succeeded', 'failed')
+   AND ($1::text IS NULL OR j.tenant_slug = $1::text)
+   AND CASE WHEN EXISTS (SELECT 1 FROM mark)
+            THEN (j.finished_at, j.id) > (SELECT m.finished_at, m.id FROM mark m)
+            ELSE j.id > $2::bigint
+       END
+ ORDER BY j.finished_at, j.id
+ LIMIT $3::int;
+
+-- name: ping
+-- Readiness probe of the HTTP API (GET /readyz): one round trip.
+SELECT 1 AS ok;

@@ -104,6 +104,18 @@ class MailboxRegistry:
             raise JobNotFound(f"no mailbox {name!r} in tenant {tenant_slug!r}")
         return MailboxConfig.from_row(row)
 
+    async def get_by_id(self, mailbox_id: int, *,
+                        tenant_slug: str | None = None) -> MailboxConfig:
+        """A mailbox by id, within ``tenant_slug`` (None: any tenant). Raises
+        JobNotFound if there is none (or it belongs to another tenant)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["mailbox_get_by_id"], int(mailbox_id), tenant_slug)
+        if row is None:
+            scope = "" if tenant_slug is None else f" in tenant {tenant_slug!r}"
+            raise JobNotFound(f"no mailbox with id {mailbox_id}{scope}")
+        return MailboxConfig.from_row(row)
+
     async def list(self, tenant_slug: str | None = None) -> list[dict[str, Any]]:
         """Every registered mailbox (of one tenant, or all) with its sync
         state, as plain dicts (for the CLI and the API). The password

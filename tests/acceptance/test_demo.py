@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 
+import httpx
 import trio
 
 from nexarch_events.aio import Database
@@ -28,6 +29,7 @@ LATENCY = re.compile(r"^  latency +arrival -> searchable: p50 (\d+) ms .* max (\
 def demo_env(url: str) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
     environ["NEXARCH_DATABASE_URL"] = url
+    environ["NEXARCH_API_PORT"] = "0"  # any free port: tests run side by side
     return environ
 
 
@@ -90,6 +92,16 @@ async def test_sigint_ends_the_demo_cleanly_with_a_summary(
                 chunk = await process.stdout.receive_some()
                 assert chunk, output.decode()
                 output += chunk
+            # The status page it announces is live, and its token works.
+            page = re.search(r"status page  (http://127\.0\.0\.1:\d+/)#token=(\S+)",
+                             output.decode())
+            assert page is not None, output.decode()
+            async with httpx.AsyncClient(base_url=page[1], timeout=10) as client:
+                assert (await client.get("/")).status_code == 200
+                queue = await client.get("/queue",
+                                         headers={"Authorization": f"Bearer {page[2]}"})
+                assert queue.status_code == 200 and "counts" in queue.json()
+                assert (await client.get("/queue")).status_code == 401
             process.send_signal(signal.SIGINT)
             while chunk := await process.stdout.receive_some():
                 output += chunk

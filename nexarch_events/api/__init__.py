@@ -1,0 +1,80 @@
+"""The HTTP API and the status page, served by hypercorn's trio worker.
+
+``serve_api`` runs in the service's nursery; ``create_app`` gives the ASGI
+app alone (for another server, or tests). Endpoints, auth and the event
+stream are described in ``openapi.yaml`` beside this file (served at
+``/openapi.yaml``); the status page is ``nexarch_events/static/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import cast
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from hypercorn.typing import Framework
+
+from ..aio import Database
+from ..errors import ConfigurationError
+from ..index.base import IndexBackend
+from ..metrics import Metrics
+from ..notify import Listener
+from ..settings import Settings
+from .asgi import AsgiApp, log
+from .events import CHANNELS
+from .routes import build_router
+
+
+@dataclass
+class ApiContext:
+    """What the API serves from; the caller owns and runs all of it."""
+
+    db: Database
+    settings: Settings
+    backend: IndexBackend
+    #: Already running, listening on (at least) the mail-imported and
+    #: job-events channels: every ``/events`` stream subscribes to both.
+    listener: Listener
+    metrics: Metrics
+    #: Seconds of silence after which an event stream sends ": keepalive".
+    sse_keepalive_s: float = 15.0
+
+
+def create_app(ctx: ApiContext) -> AsgiApp:
+    """The ASGI app. Raises ConfigurationError if the listener lacks a channel."""
+    missing = [channel for channel in CHANNELS if channel not in ctx.listener.channels]
+    if missing:
+        raise ConfigurationError(
+            f"the API's listener must listen on {', '.join(CHANNELS)} (missing: "
+            f"{', '.join(missing)}): create it with Listener(dsn, channels=(...))")
+    return AsgiApp(build_router(ctx))
+
+
+async def serve_api(ctx: ApiContext, *,
+                    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve on ``ctx.settings.api.host``/``port`` until cancelled.
+
+    Started (for ``nursery.start``) once the socket listens, with the bound
+    port (the chosen one when the setting is 0). Cancellation closes the
+    listening socket and every connection, event streams included.
+    """
+    app = create_app(ctx)
+    api = ctx.settings.api
+    config = Config()
+    host = f"[{api.host}]" if ":" in api.host else api.host
+    config.bind = [f"{host}:{api.port}"]
+    config.accesslog = None
+    config.errorlog = log
+    config.include_server_header = False
+    async with trio.open_nursery() as nursery:
+        binds: list[str] = await nursery.start(
+            partial(serve, cast(Framework, app), config, mode="asgi"))
+        port = int(binds[0].rsplit(":", 1)[1])
+        log.info("api listening on http://%s:%d", host, port)
+        task_status.started(port)
+
+
+__all__ = ["ApiContext", "create_app", "serve_api"]

@@ -1,0 +1,280 @@
+"""Just enough ASGI for a dozen JSON endpoints and one event stream: parsed
+requests, responses, routing, and the JSON error shape. No framework: the
+API is small, and its only server is hypercorn's trio worker.
+
+Everything here is synchronous except the app itself (``AsgiApp``), which
+owns the ASGI conversation: it reads nothing but the disconnect of an
+event stream, and answers each request with one ``Response`` or one
+``Stream``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime
+from urllib.parse import parse_qs
+
+import trio
+
+from ..errors import DatabaseUnavailable, NexarchError
+from ..index.base import IndexUnavailable
+
+log = logging.getLogger("nexarch_events.api")
+
+#: ASGI's dictionaries, read with isinstance checks (no Any past this point).
+Scope = Mapping[str, object]
+Message = Mapping[str, object]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+Write = Callable[[bytes], Awaitable[None]]
+
+class ApiError(Exception):
+    """Ends a request with ``{"error": message}`` and this status."""
+
+    def __init__(self, status: int, message: str,
+                 headers: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.headers = tuple(headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    #: Lower-case names; a repeated header's values joined by ", ".
+    headers: Mapping[str, str]
+    query: Mapping[str, list[str]]
+    path_params: Mapping[str, str] = field(default_factory=dict)
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name.lower())
+
+    def param(self, name: str) -> str | None:
+        """A query parameter given at most once (400 if repeated)."""
+        values = self.query.get(name)
+        if not values:
+            return None
+        if len(values) > 1:
+            raise ApiError(400, f"query parameter {name!r} is given {len(values)} times; "
+                                "give it once")
+        if "\x00" in values[0]:
+            # Postgres text cannot hold NUL: refuse it here, not with a 500.
+            raise ApiError(400, f"query parameter {name!r} contains a NUL character")
+        return values[0]
+
+    def int_param(self, name: str, default: int, *, low: int, high: int) -> int:
+        raw = self.param(name)
+        if raw is None or raw == "":
+            return default
+        if not re.fullmatch(r"[+-]?\d{1,12}", raw.strip()):
+            raise ApiError(400, f"query parameter {name!r} must be a whole number, "
+                                f"got {raw[:40]!r}")
+        value = int(raw)
+        if not low <= value <= high:
+            raise ApiError(400, f"query parameter {name!r} must be {low}..{high}, got {value}")
+        return value
+
+    def path_id(self, name: str, what: str) -> int:
+        raw = self.path_params[name]
+        if not re.fullmatch(r"\d{1,18}", raw) or int(raw) < 1:
+            raise ApiError(400, f"{what} id must be a positive whole number, got {raw[:40]!r}")
+        return int(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A streamed response (Server-Sent Events). ``run`` writes chunks until
+    it returns or the client goes away (then it is cancelled)."""
+
+    run: Callable[[Write], Awaitable[None]]
+    content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
+    status: int = 200
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def dumps(value: object) -> str:
+    """Compact JSON (one line: safe inside an SSE ``data:`` field)."""
+    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False)
+
+
+def json_response(value: object, status: int = 200,
+                  headers: Sequence[tuple[str, str]] = ()) -> Response:
+    return Response(status, dumps(value).encode("utf-8"), "application/json",
+                    tuple(headers))
+
+
+def error_response(error: ApiError) -> Response:
+    return json_response({"error": error.message}, error.status, error.headers)
+
+
+Handler = Callable[[Request], Awaitable[Response | Stream]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    handler: Handler
+
+
+class Router:
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+
+    def add(self, method: str, path: str, handler: Handler) -> None:
+        """``path`` may hold ``{name}`` segments (one path segment each)."""
+        regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
+        self.routes.append(Route(method, re.compile(regex + r"\Z"), handler))
+
+    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+        allowed: list[str] = []
+        for route in self.routes:
+            found = route.pattern.match(path)
+            if found is None:
+                continue
+            if route.method == method:
+                return route.handler, found.groupdict()
+            allowed.append(route.method)
+        if allowed:
+            raise ApiError(405, f"{method} is not allowed on {path}; use "
+                                f"{' or '.join(sorted(set(allowed)))}",
+                           [("allow", ", ".join(sorted(set(allowed))))])
+        raise ApiError(404, f"no such endpoint: {path} (see /openapi.yaml)")
+
+
+#: Sent with every response: nothing here may be sniffed, framed or cached.
+_COMMON_HEADERS = (("x-content-type-options", "nosniff"), ("referrer-policy", "no-referrer"))
+
+
+def _parse_request(scope: Scope) -> Request:
+    method = scope.get("method")
+    path = scope.get("path")
+    query = scope.get("query_string", b"")
+    raw_headers = scope.get("headers", ())
+    if not isinstance(method, str) or not isinstance(path, str) \
+            or not isinstance(query, bytes) or not isinstance(raw_headers, Iterable):
+        raise ApiError(400, "malformed request")
+    headers: dict[str, str] = {}
+    for item in raw_headers:
+        if not (isinstance(item, tuple | list) and len(item) == 2
+                and isinstance(item[0], bytes) and isinstance(item[1], bytes)):
+            raise ApiError(400, "malformed request header")
+        # latin-1 maps bytes 1:1, so the raw bytes can be recovered (tokens).
+        name, value = item[0].decode("latin-1").lower(), item[1].decode("latin-1")
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    try:
+        params = parse_qs(query.decode("utf-8"), keep_blank_values=True,
+                          strict_parsing=False, max_num_fields=50)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ApiError(400, f"the query string cannot be parsed: {exc}") from None
+    return Request(method.upper(), path, headers, params)
+
+
+def _header_list(pairs: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in pairs]
+
+
+class AsgiApp:
+    """The ASGI callable: route, run the handler, translate errors once."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope.get("type")
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if kind != "http":  # websockets: not offered
+            if kind == "websocket":
+                await send({"type": "websocket.close", "code": 1003})
+            return
+        result = await self._respond(scope)
+        if isinstance(result, Response):
+            await self._send_response(send, result)
+        else:
+            await self._send_stream(receive, send, result)
+
+    async def _respond(self, scope: Scope) -> Response | Stream:
+        try:
+            request = _parse_request(scope)
+            handler, params = self.router.match(request.method, request.path)
+            return await handler(Request(request.method, request.path, request.headers,
+                                         request.query, params))
+        except ApiError as exc:
+            return error_response(exc)
+        except (DatabaseUnavailable, IndexUnavailable) as exc:
+            log.warning("api: a backend is unavailable: %s", exc)
+            return error_response(ApiError(503, f"temporarily unavailable: {exc}"))
+        except NexarchError as exc:
+            log.exception("api: request failed")
+            return error_response(ApiError(500, f"the request failed: {exc}"))
+        except Exception as exc:
+            # A bug must cost one request, not the server; the log has the traceback.
+            log.exception("api: unexpected error")
+            return error_response(ApiError(500, f"internal error ({type(exc).__name__}); "
+                                                "the server log has the details"))
+
+    async def _send_response(self, send: Send, response: Response) -> None:
+        headers = [("content-type", response.content_type),
+                   ("content-length", str(len(response.body))),
+                   *_COMMON_HEADERS, *response.headers]
+        if not any(name == "cache-control" for name, _ in response.headers):
+            headers.append(("cache-control", "no-store"))
+        await send({"type": "http.response.start", "status": response.status,
+                    "headers": _header_list(headers)})
+        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+
+    async def _send_stream(self, receive: Receive, send: Send, stream: Stream) -> None:
+        headers = [("content-type", stream.content_type), ("cache-control", "no-store"),
+                   *_COMMON_HEADERS, *stream.headers]
+        await send({"type": "http.response.start", "status": stream.status,
+                    "headers": _header_list(headers)})
+
+        async def write(chunk: bytes) -> None:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+        async with trio.open_nursery() as nursery:
+            async def watch_disconnect() -> None:
+                while True:
+                    message = await receive()
+                    if message.get("type") == "http.disconnect":
+                        nursery.cancel_scope.cancel()
+                        return
+
+            nursery.start_soon(watch_disconnect)
+            await stream.run(write)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            nursery.cancel_scope.cancel()
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message.get("type") == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message.get("type") == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+

@@ -1,0 +1,345 @@
+"""``GET /events``: the notification channels as Server-Sent Events, one
+caller's tenant only, resumable with ``Last-Event-ID``.
+
+Events: ``imported`` (mail-imported ``imported``/``recovered``/``unstable``),
+``failed`` (an import failure, or a job that failed for good), ``indexed``
+(jobs that succeeded), ``resync`` (an importer resync, or: notifications
+may have been missed), and ``open`` first of all. Each event's ``data`` is
+the notification's payload (docs/events.md) plus ``channel``, and
+``replayed: true`` when it was read from the tables.
+
+Event ids are a watermark ``"<archive_id>.<job_id>"``: the highest archive
+id announced on this stream (new messages only), and the job whose outcome
+was announced last. A client that reconnects with ``Last-Event-ID`` first
+gets what it missed, read from the tables: archived messages above that
+archive id (as ``imported``), then jobs that finished after that job did,
+in finish order (as ``indexed``/``failed``); then the live events, with
+those the replay already covered left out. Finish order, not id order: a
+retried job finishes long after higher ids, and must not be skipped.
+
+Not replayed (the tables keep no order for them): import failures, importer
+resyncs and sightings of already-archived messages (``duplicate: true``).
+Commit order and id order can differ by the length of a transaction, so a
+client that drops the connection in exactly that window may miss or see
+again one event; ``/queue`` and ``/mailboxes`` are the truth.
+
+Order: every subscription gets Postgres' delivery order, which is commit
+order. The two channels are merged by arrival time, each event held back
+``settle`` seconds so that one that arrived earlier on the other channel
+is sent first.
+"""
+
+from __future__ import annotations
+
+import heapq
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import trio
+
+from ..aio import Database
+from ..errors import NexarchError
+from ..models import JSONObject, JSONValue
+from ..notify import (
+    JOB_EVENTS_CHANNEL,
+    MAIL_IMPORTED_CHANNEL,
+    RESYNC,
+    Event,
+    Listener,
+    Notification,
+    Resync,
+    Subscription,
+)
+from ..queue import FinishedJob, Queue
+from .asgi import Write, dumps, log
+from .store import ArchivedMessage, archived_after, newest_archive_id
+
+CHANNELS = (MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL)
+#: A replay longer than this is skipped: the client gets ``resync`` (reload
+#: the state) and a watermark at the newest rows instead.
+MAX_REPLAY = 1000
+#: Live events waiting for a slow client; past this they are dropped and
+#: replayed from the tables (as the listener does with its own buffers).
+MAX_PENDING = 10_000
+#: At most this many job ids per ``indexed``/``failed`` event, as on the channel.
+IDS_PER_EVENT = 200
+#: Remembered (kind, id) pairs that were sent, to leave out a live event the
+#: replay already covered. Far more than a replay can hold.
+SEEN_LIMIT = 20_000
+SETTLE_S = 0.02
+#: One reconnect gives every subscription a RESYNC: one ``resync`` event
+#: is announced for those that come within this many seconds.
+RESYNC_QUIET_S = 1.0
+
+_MAX_ID = 2**63 - 1
+_WATERMARK = re.compile(r"(\d{1,19})\.(\d{1,19})")
+
+
+@dataclass(frozen=True, slots=True)
+class Watermark:
+    archive_id: int
+    job_id: int
+
+    def __str__(self) -> str:
+        return f"{self.archive_id}.{self.job_id}"
+
+    @classmethod
+    def parse(cls, text: str) -> Watermark:
+        """Raises ValueError naming the expected form."""
+        found = _WATERMARK.fullmatch(text.strip())
+        if found is None or int(found[1]) > _MAX_ID or int(found[2]) > _MAX_ID:
+            raise ValueError(f"Last-Event-ID {text[:60]!r} is not an event id of this stream "
+                             "(<archive id>.<job id>, e.g. 4001.17)")
+        return cls(int(found[1]), int(found[2]))
+
+
+class _Merge:
+    """The subscriptions' events in arrival order (see the module doc)."""
+
+    def __init__(self, settle: float) -> None:
+        self.settle = settle
+        self._heap: list[tuple[float, int, str, Event]] = []
+        self._seq = 0
+        self._changed = trio.Event()
+        self.overflows = 0
+
+    def push(self, at: float, channel: str, event: Event) -> None:
+        if len(self._heap) >= MAX_PENDING:
+            self._heap.clear()
+            self.overflows += 1
+            channel, event = "", RESYNC
+        heapq.heappush(self._heap, (at, self._seq, channel, event))
+        self._seq += 1
+        self._changed.set()
+
+    async def get(self) -> tuple[str, Event]:
+        """The next event once it has settled. Cancelling loses nothing."""
+        while True:
+            if not self._heap:
+                self._changed = trio.Event()
+                await self._changed.wait()
+                continue
+            wait = self._heap[0][0] + self.settle - time.time()
+            if wait <= 0:
+                _, _, channel, event = heapq.heappop(self._heap)
+                return channel, event
+            await trio.sleep(wait)
+
+
+class EventStream:
+    """One client's stream. ``run`` writes until cancelled (the client left,
+    or the server stops); it returns after an ``error`` event if the
+    database fails under it."""
+
+    def __init__(self, db: Database, listener: Listener, *, tenant: str | None,
+                 resume: Watermark | None, keepalive: float, settle: float = SETTLE_S) -> None:
+        self.db = db
+        self.listener = listener
+        self.queue = Queue(db)
+        self.tenant = tenant
+        self.resume = resume
+        self.keepalive = keepalive
+        self._merge = _Merge(settle)
+        self._seen: OrderedDict[Hashable, None] = OrderedDict()
+        self._mark = resume or Watermark(0, 0)
+        self._announced_resync: float | None = None
+        self._write: Write | None = None
+
+    async def run(self, write: Write) -> None:
+        self._write = write
+        try:
+            if self.resume is None:
+                # Read before subscribing; the replay below covers the gap.
+                self._mark = await self._newest()
+            subs = [self.listener.subscribe(channel) for channel in CHANNELS]
+        except NexarchError as exc:
+            await self._error(exc)
+            return
+        # subscribe() hands a connected listener's subscriber a RESYNC at
+        # once: that one only says "drain", which the replay below does.
+        initial_resync = self.listener.connected
+        try:
+            async with trio.open_nursery() as nursery:
+                for sub in subs:
+                    nursery.start_soon(self._forward, sub, initial_resync)
+                await self._emit("open", {"v": 1, "event": "open", "tenant": self.tenant,
+                                          "resumed": self.resume is not None}, retry_ms=3000)
+                try:
+                    await self._replay()
+                    await self._live()
+                except NexarchError as exc:
+                    await self._error(exc)
+                nursery.cancel_scope.cancel()
+        finally:
+            for sub in subs:
+                self.listener.unsubscribe(sub)
+
+    # -- sources ---------------------------------------------------------------
+
+    async def _forward(self, sub: Subscription, skip_first_resync: bool) -> None:
+        first = True
+        async for event in sub:
+            if first:
+                first = False
+                if skip_first_resync and isinstance(event, Resync):
+                    continue
+            at = event.received_at if isinstance(event, Notification) else time.time()
+            self._merge.push(at, sub.channel, event)
+
+    async def _newest(self) -> Watermark:
+        archive_id = await newest_archive_id(self.db, tenant_slug=self.tenant)
+        job_id = await self.queue.last_finished(tenant_slug=self.tenant)
+        return Watermark(archive_id, job_id or 0)
+
+    async def _replay(self) -> None:
+        """What happened after the watermark, from the tables."""
+        archived = await archived_after(self.db, self._mark.archive_id, tenant_slug=self.tenant,
+                                        limit=MAX_REPLAY + 1)
+        finished = await self.queue.finished_after(self._mark.job_id, tenant_slug=self.tenant,
+                                                   limit=MAX_REPLAY + 1)
+        if len(archived) > MAX_REPLAY or len(finished) > MAX_REPLAY:
+            newest = await self._newest()
+            self._mark = Watermark(max(self._mark.archive_id, newest.archive_id),
+                                   newest.job_id or self._mark.job_id)
+            await self._emit("resync", {
+                "v": 1, "event": "resync", "replayed": True,
+                "reason": f"more than {MAX_REPLAY} events were missed: reload the state "
+                          "(/queue, /mailboxes)"})
+            return
+        # Archived messages and finished jobs, merged by when they happened;
+        # a message before the jobs of the same moment (it was enqueued first).
+        steps: list[tuple[datetime, int, int, ArchivedMessage | list[FinishedJob]]] = []
+        steps += [(m.archived_at, 0, m.archive_id, m) for m in archived]
+        for group in _job_groups(finished):
+            steps.append((group[0].finished_at, 1, group[0].id, group))
+        steps.sort(key=lambda step: step[:3])
+        for _, _, _, item in steps:
+            if isinstance(item, ArchivedMessage):
+                await self._replay_archived(item)
+            else:
+                await self._replay_jobs(item)
+
+    async def _replay_archived(self, message: ArchivedMessage) -> None:
+        if not self._first_time(("archived", message.archive_id)):
+            return
+        self._mark = Watermark(max(self._mark.archive_id, message.archive_id), self._mark.job_id)
+        await self._emit("imported", {
+            "v": 1, "event": "imported", "tenant": message.tenant_slug,
+            "mailbox": message.mailbox, "uidvalidity": message.uidvalidity, "uid": message.uid,
+            "archive_id": message.archive_id, "duplicate": False,
+            "channel": MAIL_IMPORTED_CHANNEL, "replayed": True})
+
+    async def _replay_jobs(self, jobs: list[FinishedJob]) -> None:
+        outcome = jobs[0].status.value
+        ids: list[JSONValue] = [job.id for job in jobs
+                                if self._first_time(("job", job.id, outcome))]
+        if not ids:
+            return
+        self._mark = Watermark(self._mark.archive_id, jobs[-1].id)
+        await self._emit("indexed" if outcome == "succeeded" else "failed", {
+            "v": 1, "event": outcome, "tenant": jobs[0].tenant_slug, "ids": ids,
+            "channel": JOB_EVENTS_CHANNEL, "replayed": True})
+
+    # -- live ------------------------------------------------------------------
+
+    async def _live(self) -> None:
+        while True:
+            item: tuple[str, Event] | None = None
+            with trio.move_on_after(self.keepalive):
+                item = await self._merge.get()
+            if item is None:
+                await self._send(b": keepalive\n\n")
+                continue
+            channel, event = item
+            if isinstance(event, Notification):
+                await self._on_notification(channel, event)
+                continue
+            # The listener reconnected (or we fell behind): notifications may
+            # be lost. Say so (once: each subscription gets its own RESYNC),
+            # then replay what the tables recorded since the watermark.
+            now = trio.current_time()
+            if self._announced_resync is None or now - self._announced_resync >= RESYNC_QUIET_S:
+                self._announced_resync = now
+                await self._emit("resync", {
+                    "v": 1, "event": "resync",
+                    "reason": "notifications may have been missed: what the tables recorded "
+                              "follows; reload the rest of the state (/queue, /mailboxes)"})
+            await self._replay()
+
+    async def _on_notification(self, channel: str, note: Notification) -> None:
+        data = note.json()
+        tenant = data.get("tenant")
+        if not isinstance(tenant, str) or (self.tenant is not None and tenant != self.tenant):
+            return
+        kind = data.get("event")
+        out: JSONObject = {**data, "channel": channel}
+        if channel == MAIL_IMPORTED_CHANNEL:
+            if kind in ("imported", "recovered", "unstable"):
+                archive_id = data.get("archive_id")
+                if not isinstance(archive_id, int) or isinstance(archive_id, bool):
+                    return
+                if data.get("duplicate") is False:
+                    # A new message: the replay may have sent it already.
+                    if not self._first_time(("archived", archive_id)):
+                        return
+                    self._mark = Watermark(max(self._mark.archive_id, archive_id),
+                                           self._mark.job_id)
+                await self._emit("imported", out)
+            elif kind == "failed":
+                await self._emit("failed", out)
+            elif kind == "resync":
+                await self._emit("resync", out)
+        elif channel == JOB_EVENTS_CHANNEL and kind in ("succeeded", "failed"):
+            raw_ids = data.get("ids")
+            if not isinstance(raw_ids, list):
+                return
+            ids = [i for i in raw_ids if isinstance(i, int) and not isinstance(i, bool)
+                   and self._first_time(("job", i, kind))]
+            if not ids:
+                return
+            self._mark = Watermark(self._mark.archive_id, max(ids))
+            fresh: list[JSONValue] = list(ids)
+            out["ids"] = fresh
+            await self._emit("indexed" if kind == "succeeded" else "failed", out)
+
+    # -- output ----------------------------------------------------------------
+
+    def _first_time(self, key: Hashable) -> bool:
+        if key in self._seen:
+            return False
+        self._seen[key] = None
+        if len(self._seen) > SEEN_LIMIT:
+            self._seen.popitem(last=False)
+        return True
+
+    async def _emit(self, kind: str, data: JSONObject, *, retry_ms: int | None = None) -> None:
+        retry = "" if retry_ms is None else f"retry: {retry_ms}\n"
+        await self._send(f"{retry}id: {self._mark}\nevent: {kind}\ndata: {dumps(data)}\n\n"
+                         .encode())
+
+    async def _error(self, exc: NexarchError) -> None:
+        log.warning("api: event stream ends: %s", exc)
+        await self._send(f"event: error\ndata: {dumps({'error': str(exc)})}\n\n".encode())
+
+    async def _send(self, chunk: bytes) -> None:
+        assert self._write is not None
+        await self._write(chunk)
+
+
+def _job_groups(jobs: Sequence[FinishedJob]) -> list[list[FinishedJob]]:
+    """Consecutive jobs of one outcome, tenant and finish time (one ack, as
+    the channel would have announced them), at most IDS_PER_EVENT each."""
+    groups: list[list[FinishedJob]] = []
+    for job in jobs:
+        last = groups[-1] if groups else None
+        if last is not None and len(last) < IDS_PER_EVENT and last[0].status == job.status \
+                and last[0].tenant_slug == job.tenant_slug \
+                and last[0].finished_at == job.finished_at:
+            last.append(job)
+        else:
+            groups.append([job])
+    return groups

@@ -1,0 +1,250 @@
+"""The endpoints. Each handler authenticates, settles the tenant scope, and
+asks the queue, the registry, the index or the event stream; the shapes
+are in openapi.yaml."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from importlib import resources
+from typing import TYPE_CHECKING
+
+import trio
+
+from .. import sqlfiles
+from ..errors import DatabaseError, InvalidJobError, JobNotFound
+from ..importer.mailboxes import MailboxRegistry
+from ..importer.state import StateStore
+from ..index.base import MAX_LIMIT, MAX_OFFSET, InvalidQuery, SearchQuery
+from ..models import Job, JobStatus
+from ..queue import Queue
+from .asgi import ApiError, Request, Response, Router, Stream, json_response
+from .auth import Principal, authenticate, require_admin, tenant_scope
+from .events import EventStream, Watermark
+from .store import mailboxes_of
+
+if TYPE_CHECKING:
+    from . import ApiContext
+
+_SQL = sqlfiles.queries("queue.sql")
+
+READY_TIMEOUT_S = 2.0
+THROUGHPUT_WINDOW_S = 60.0
+
+#: The status page may load its own script and style and call this API;
+#: nothing else (no inline script, no third party, no framing).
+_PAGE_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+             "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+_STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/static/style.css": ("style.css", "text/css; charset=utf-8"),
+}
+
+Handler = Callable[[Request], Awaitable[Response | Stream]]
+AuthedHandler = Callable[[Request, Principal], Awaitable[Response | Stream]]
+
+
+def build_router(ctx: ApiContext) -> Router:
+    api = _Api(ctx)
+    router = Router()
+    router.add("GET", "/healthz", api.healthz)
+    router.add("GET", "/readyz", api.readyz)
+    router.add("GET", "/openapi.yaml", api.spec)
+    for path in _STATIC:
+        router.add("GET", path, api.static)
+    authed: list[tuple[str, str, AuthedHandler]] = [
+        ("GET", "/metrics", api.metrics),
+        ("GET", "/queue", api.queue_stats),
+        ("GET", "/jobs/{id}", api.job),
+        ("POST", "/jobs/{id}/retry", api.retry_job),
+        ("GET", "/mailboxes", api.mailboxes),
+        ("POST", "/mailboxes/{id}/sync", api.sync_mailbox),
+        ("GET", "/search", api.search),
+        ("GET", "/events", api.events),
+    ]
+    for method, path, handler in authed:
+        router.add(method, path, api.authed(handler))
+    return router
+
+
+class _Api:
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+        self.queue = Queue(ctx.db, ctx.settings.queue)
+        self.registry = MailboxRegistry(ctx.db)
+        self.states = StateStore(ctx.db)
+        package = resources.files("nexarch_events")
+        self.files = {path: (package.joinpath("static", name).read_bytes(), kind)
+                      for path, (name, kind) in _STATIC.items()}
+        self.spec_text = resources.files("nexarch_events.api").joinpath(
+            "openapi.yaml").read_bytes()
+
+    def authed(self, handler: AuthedHandler) -> Handler:
+        async def check(request: Request) -> Response | Stream:
+            principal = authenticate(request, self.ctx.settings.api.tokens)
+            return await handler(request, principal)
+        return check
+
+    # -- open to all -----------------------------------------------------------
+
+    async def healthz(self, request: Request) -> Response:
+        return json_response({"status": "ok"})
+
+    async def readyz(self, request: Request) -> Response:
+        database = False
+        with trio.move_on_after(READY_TIMEOUT_S):
+            try:
+                database = await self.ctx.db.fetchval(_SQL["ping"]) == 1
+            except DatabaseError:
+                database = False
+        listener = self.ctx.listener.connected
+        body = {"database": database, "listener": listener}
+        return json_response(body, 200 if database and listener else 503)
+
+    async def static(self, request: Request) -> Response:
+        body, kind = self.files[request.path]
+        headers = [("cache-control", "no-cache")]
+        if request.path == "/":
+            headers.append(("content-security-policy", _PAGE_CSP))
+        return Response(200, body, kind, tuple(headers))
+
+    async def spec(self, request: Request) -> Response:
+        return Response(200, self.spec_text, "application/yaml; charset=utf-8",
+                        (("cache-control", "no-cache"),))
+
+    # -- token needed ----------------------------------------------------------
+
+    async def metrics(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        text = await self.ctx.metrics.render(self.ctx.db)
+        return Response(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+
+    async def queue_stats(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        stats = await self.queue.stats_for(tenant)
+        recent = await self.queue.succeeded_within(THROUGHPUT_WINDOW_S, tenant_slug=tenant)
+        latency = self.ctx.metrics.wake_latency
+
+        def ms(q: float) -> float | None:
+            value = latency.percentile(q)
+            return None if value is None else round(value * 1000.0, 3)
+
+        return json_response({
+            "tenant": tenant,
+            "counts": {status.value: n for status, n in stats.counts.items()},
+            "oldest_ready_age_s": stats.oldest_ready_age_s,
+            "wake_latency_ms": {"p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99)},
+            "succeeded_last_minute": recent,
+        })
+
+    async def job(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        job_id = request.path_id("id", "job")
+        return json_response(_job_json(await self._job(job_id, tenant)))
+
+    async def retry_job(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        job_id = request.path_id("id", "job")
+        job = await self._job(job_id, tenant)
+        if job.status != JobStatus.FAILED:
+            raise ApiError(409, f"job {job_id} is {job.status.value}; only failed jobs can be "
+                                "retried")
+        result = await self.queue.requeue_failed(job_id=job_id, tenant_slug=job.tenant_slug)
+        if result.superseded:
+            raise ApiError(409, f"job {job_id} was overtaken by a newer job for the same "
+                                "message; running it again would undo that job")
+        if not result.requeued:
+            raise ApiError(409, f"job {job_id} is no longer failed (retried meanwhile?)")
+        return json_response({"requeued": list(result.requeued),
+                              "superseded": list(result.superseded)})
+
+    async def _job(self, job_id: int, tenant: str | None) -> Job:
+        try:
+            return await self.queue.status(job_id, tenant_slug=tenant)
+        except JobNotFound:
+            scope = "" if tenant is None else f" in tenant {tenant!r}"
+            raise ApiError(404, f"no job {job_id}{scope}") from None
+
+    async def mailboxes(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        rows = await self.registry.list(tenant)
+        return json_response({"tenant": tenant, "mailboxes": [_mailbox_json(r) for r in rows]})
+
+    async def sync_mailbox(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        mailbox_id = request.path_id("id", "mailbox")
+        try:
+            config = await self.registry.get_by_id(mailbox_id, tenant_slug=tenant)
+            await self.states.request_sync(config.tenant_slug, config.name)
+        except JobNotFound:
+            scope = "" if tenant is None else f" in tenant {tenant!r}"
+            raise ApiError(404, f"no mailbox {mailbox_id}{scope}") from None
+        return json_response({"sync_requested": True, "id": mailbox_id,
+                              "tenant": config.tenant_slug, "name": config.name}, 202)
+
+    async def search(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=True)
+        assert tenant is not None
+        limit = request.int_param("limit", 20, low=1, high=MAX_LIMIT)
+        offset = request.int_param("offset", 0, low=0, high=MAX_OFFSET)
+        try:
+            query = SearchQuery(tenant, request.param("q") or "",
+                                sender=request.param("sender") or None,
+                                mailbox=request.param("mailbox") or None,
+                                limit=limit, offset=offset)
+            result = await self.ctx.backend.search(query)
+        except (InvalidQuery, InvalidJobError) as exc:
+            raise ApiError(400, f"bad search: {exc}") from None
+        seen = await mailboxes_of(self.ctx.db, tenant, [hit.archive_id for hit in result.hits])
+        return json_response({"total": result.total, "hits": [
+            {"archive_id": hit.archive_id, "subject": hit.subject, "sender": hit.sender,
+             "sent_at": hit.sent_at, "snippet": hit.snippet,
+             "mailboxes": seen.get(hit.archive_id, [])}
+            for hit in result.hits]})
+
+    async def events(self, request: Request, who: Principal) -> Stream:
+        tenant = tenant_scope(who, request, required=False)
+        resume = None
+        raw = request.header("last-event-id")
+        if raw is not None and raw.strip():
+            try:
+                resume = Watermark.parse(raw)
+            except ValueError as exc:
+                raise ApiError(400, str(exc)) from None
+        stream = EventStream(self.ctx.db, self.ctx.listener, tenant=tenant, resume=resume,
+                             keepalive=self.ctx.sse_keepalive_s)
+        # no-transform/X-Accel-Buffering: proxies must pass events on at once.
+        return Stream(stream.run, "text/event-stream; charset=utf-8",
+                      (("x-accel-buffering", "no"), ("cache-control", "no-store, no-transform")))
+
+
+#: What /mailboxes shows of a mailbox: never the user name or password
+#: reference, nor the CA file's path.
+_MAILBOX_FIELDS = ("id", "name", "host", "port", "folder", "tls_mode", "use_idle", "enabled",
+                   "last_uidvalidity", "last_synced_uid", "server_uidnext", "interval_seconds",
+                   "imported_total", "last_run_started_at", "last_run_finished_at",
+                   "last_success_at", "last_error", "last_error_at", "warning",
+                   "sync_requested_at", "failures")
+
+
+def _mailbox_json(row: dict[str, object]) -> dict[str, object]:
+    out = {name: row.get(name) for name in _MAILBOX_FIELDS}
+    out["tenant"] = row.get("tenant_slug")
+    uidnext, synced = row.get("server_uidnext"), row.get("last_synced_uid")
+    # UIDs the server announced (UIDNEXT at the last run) above the watermark.
+    out["pending_messages"] = max(0, uidnext - 1 - synced) \
+        if isinstance(uidnext, int) and isinstance(synced, int) else None
+    success = row.get("last_success_at")
+    out["since_success_s"] = round((datetime.now(UTC) - success).total_seconds(), 3) \
+        if isinstance(success, datetime) else None
+    return out
+
+
+def _job_json(job: Job) -> dict[str, object]:
+    return {"id": job.id, "job_type": job.job_type.value, "tenant": job.tenant_slug,
+            "message_id": job.message_id, "status": job.status.value,
+            "attempts": job.attempts, "max_attempts": job.max_attempts,
+            "available_at": job.available_at, "locked_by": job.locked_by,
+            "last_error": job.last_error, "created_at": job.created_at,
+            "updated_at": job.updated_at, "finished_at": job.finished_at}

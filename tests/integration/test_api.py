@@ -1,0 +1,882 @@
+"""The HTTP API against real Postgres, a real listener, the Postgres index
+and a running queue service, over real HTTP (hypercorn on a free port).
+
+Every response is checked against nexarch_events/api/openapi.yaml: its
+status must be documented for that operation, and a JSON body must match
+the documented schema. Data goes in through the real code paths: the
+importer's per-message transaction (StateStore), Archive.store, the queue
+and the registry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any, cast
+
+import httpx
+import jsonschema
+import pytest
+import referencing
+import referencing.jsonschema
+import trio
+import yaml
+from openapi_spec_validator import validate as validate_openapi
+
+from nexarch_events.aio import Database
+from nexarch_events.api import ApiContext, serve_api
+from nexarch_events.archive import Archive, Archived
+from nexarch_events.errors import ConfigurationError
+from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+from nexarch_events.importer.state import StateStore
+from nexarch_events.index.postgres import PostgresIndex
+from nexarch_events.indexer import Indexer
+from nexarch_events.metrics import Metrics
+from nexarch_events.models import JobStatus
+from nexarch_events.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
+from nexarch_events.queue import Queue
+from nexarch_events.service import QueueService
+from nexarch_events.settings import ApiSettings, ApiToken, QueueSettings, Settings
+
+SPEC_URI = "urn:nexarch-events:openapi"
+KEEPALIVE_S = 0.5
+
+
+# -- the spec ---------------------------------------------------------------------
+
+def load_spec() -> dict[str, Any]:
+    text = resources.files("nexarch_events.api").joinpath("openapi.yaml").read_text("utf-8")
+    return cast(dict[str, Any], yaml.safe_load(text))
+
+
+SPEC = load_spec()
+_REGISTRY: referencing.Registry[Any] = referencing.Registry().with_resource(
+    SPEC_URI, referencing.Resource.from_contents(
+        SPEC, default_specification=referencing.jsonschema.DRAFT202012))
+_TEMPLATES = [(re.compile("^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(path)) + "$"), path)
+              for path in SPEC["paths"]]
+
+
+def _pointer(*parts: str) -> str:
+    return "/" + "/".join(p.replace("~", "~0").replace("/", "~1") for p in parts)
+
+
+def check_against_spec(method: str, path: str, response: httpx.Response) -> None:
+    """The status is documented for this operation, the content type is one
+    it lists, and a JSON body matches the schema."""
+    template = next((t for regex, t in _TEMPLATES if regex.match(path)), None)
+    assert template is not None, f"{path} is not in openapi.yaml"
+    operation = SPEC["paths"][template].get(method.lower())
+    if operation is None:
+        assert response.status_code == 405, (method, path, response.status_code)
+        assert "error" in response.json()
+        return
+    status = str(response.status_code)
+    assert status in operation["responses"], \
+        f"{method} {template}: status {status} is not documented ({response.text[:200]})"
+    documented = operation["responses"][status]
+    pointer = ["paths", template, method.lower(), "responses", status]
+    if "$ref" in documented:
+        name = documented["$ref"].rsplit("/", 1)[1]
+        documented = SPEC["components"]["responses"][name]
+        pointer = ["components", "responses", name]
+    media = response.headers["content-type"].split(";")[0].strip()
+    assert media in documented["content"], f"{method} {template} {status}: {media} not documented"
+    if media != "application/json":
+        return
+    schema = {"$ref": SPEC_URI + "#" + _pointer(*pointer, "content", media, "schema")}
+    validator = jsonschema.Draft202012Validator(schema, registry=_REGISTRY)
+    errors = sorted(validator.iter_errors(response.json()), key=lambda e: list(e.path))
+    assert not errors, f"{method} {path} {status}: " + "; ".join(
+        f"{list(e.path)}: {e.message}" for e in errors[:5])
+
+
+# -- fixtures -----------------------------------------------------------------------
+
+@dataclass
+class Tokens:
+    admin: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    acme: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    globex: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+    def settings(self) -> tuple[ApiToken, ...]:
+        def digest(token: str) -> str:
+            return hashlib.sha256(token.encode()).hexdigest()
+        return (ApiToken("ops", digest(self.admin)),
+                ApiToken("acme-ui", digest(self.acme), "acme"),
+                ApiToken("globex-ui", digest(self.globex), "globex"))
+
+
+def api_settings(tokens: tuple[ApiToken, ...]) -> ApiSettings:
+    return ApiSettings(host="127.0.0.1", port=0, tokens=tokens)  # any free port
+
+
+class Client:
+    """httpx with a token, checking every response against the spec."""
+
+    def __init__(self, http: httpx.AsyncClient) -> None:
+        self.http = http
+
+    async def request(self, method: str, path: str, token: str | None = None, *,
+                      params: Mapping[str, str | int] | None = None,
+                      headers: Mapping[str, str] | None = None) -> httpx.Response:
+        sent = dict(headers or {})
+        if token is not None:
+            sent["Authorization"] = f"Bearer {token}"
+        response = await self.http.request(method, path, params=params, headers=sent)
+        check_against_spec(method, path, response)
+        return response
+
+    async def get(self, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        return await self.request("GET", path, token, **kw)
+
+    async def post(self, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        return await self.request("POST", path, token, **kw)
+
+
+@dataclass
+class Env:
+    db: Database
+    client: Client
+    tokens: Tokens
+    ctx: ApiContext
+    service: QueueService
+    port: int
+    uids: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def queue(self) -> Queue:
+        return Queue(self.db)
+
+    async def import_mail(self, tenant: str, mailbox: str, raws: Sequence[bytes],
+                          uidvalidity: int = 7000) -> list[Archived]:
+        """Through the importer's transaction: archive + job + advance + NOTIFY."""
+        states = StateStore(self.db)
+        last = self.uids.get((tenant, mailbox), 0)
+        await states.begin(tenant, mailbox, uidvalidity, last + len(raws) + 1, last + len(raws))
+        out = []
+        for raw in raws:
+            last += 1
+            out.append(await states.import_message(tenant, mailbox, uidvalidity, last, "new",
+                                                   raw))
+        self.uids[(tenant, mailbox)] = last
+        await states.finish(tenant, mailbox, error=None, warning=None)
+        return out
+
+    async def wait_finished(self, job_ids: Sequence[int | None],
+                            within: float = 30) -> dict[int, JobStatus]:
+        ids = [i for i in job_ids if i is not None]
+        with trio.fail_after(within):
+            while True:
+                statuses = await self.queue.statuses(ids)
+                if all(statuses.get(i) in (JobStatus.SUCCEEDED, JobStatus.FAILED) for i in ids):
+                    return {i: statuses[i] for i in ids}
+                await trio.sleep(0.02)
+
+    async def failed_job(self, tenant: str, message_id: str = "not-an-archive-id") -> int:
+        """A job the indexer fails for good (its queue key names no message)."""
+        job_id = await self.queue.enqueue_index(tenant, message_id, {})
+        assert (await self.wait_finished([job_id]))[job_id] == JobStatus.FAILED
+        return job_id
+
+
+_counter = 0
+
+
+def message(word: str, subject: str | None = None, sender: str = "alice@example.com") -> bytes:
+    global _counter
+    _counter += 1
+    subject = subject or f"Report {word}"
+    return (f"From: Alice <{sender}>\r\nTo: bob@example.com\r\nSubject: {subject}\r\n"
+            f"Date: Mon, 03 Mar 2025 10:{_counter % 60:02d}:00 +0000\r\n"
+            f"Message-ID: <{word}.{_counter}@example.com>\r\n\r\n"
+            f"Hello Bob, the {word} figures are attached. ({_counter})\r\n").encode()
+
+
+def mailbox_config(tenant: str, name: str) -> MailboxConfig:
+    return MailboxConfig(tenant, name, "imap.example.com", 993, "implicit", f"{name}@example.com",
+                         "env:NEXARCH_TEST_IMAP_PASSWORD", folder="INBOX")
+
+
+@pytest.fixture
+async def env(db: Database, database_url: str,
+              fast_settings: QueueSettings) -> AsyncIterator[Env]:
+    tokens = Tokens()
+    settings = Settings(queue=fast_settings, api=api_settings(tokens.settings()))
+    backend = PostgresIndex(db)
+    metrics = Metrics()
+    listener = Listener(database_url, fast_settings,
+                        channels=(MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL))
+    service = QueueService(db, settings, Indexer(db, backend).handlers())
+    service.pool.metrics = metrics
+    ctx = ApiContext(db=db, settings=settings, backend=backend, listener=listener,
+                     metrics=metrics, sse_keepalive_s=KEEPALIVE_S)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        await nursery.start(service.run)
+        port = await nursery.start(serve_api, ctx)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                     timeout=30) as http:
+            yield Env(db, Client(http), tokens, ctx, service, port)
+        nursery.cancel_scope.cancel()
+
+
+# -- server, spec, static -----------------------------------------------------------
+
+def test_the_spec_is_valid_openapi_3_1() -> None:
+    assert SPEC["openapi"].startswith("3.1")
+    validate_openapi(SPEC)
+
+
+async def test_port_zero_reports_the_bound_port(env: Env) -> None:
+    assert env.port > 0
+    assert env.ctx.settings.api.port == 0
+
+
+async def test_health_ready_page_and_spec_need_no_token(env: Env) -> None:
+    assert (await env.client.get("/healthz")).json() == {"status": "ok"}
+    ready = await env.client.get("/readyz")
+    assert (ready.status_code, ready.json()) == (200, {"database": True, "listener": True})
+    page = await env.client.get("/")
+    assert page.status_code == 200
+    assert page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self'" in page.headers["content-security-policy"]
+    assert '<script src="/static/app.js"' in page.text
+    for asset, kind in (("/static/app.js", "text/javascript"), ("/static/style.css", "text/css")):
+        response = await env.client.http.get(asset)
+        assert response.status_code == 200 and response.headers["content-type"].startswith(kind)
+        assert response.headers["x-content-type-options"] == "nosniff"
+    spec = await env.client.get("/openapi.yaml")
+    assert yaml.safe_load(spec.text) == SPEC
+
+
+async def test_readyz_reports_what_is_missing(env: Env, database_url: str) -> None:
+    idle = Listener(database_url, channels=(MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL))
+    ctx = ApiContext(db=env.db, settings=env.ctx.settings, backend=env.ctx.backend,
+                     listener=idle, metrics=Metrics())
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_api, ctx)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+            response = await http.get("/readyz")
+            check_against_spec("GET", "/readyz", response)
+            assert (response.status_code, response.json()) == \
+                (503, {"database": True, "listener": False})
+        nursery.cancel_scope.cancel()
+
+
+async def test_readyz_database_down(private_pg: Any, fast_settings: QueueSettings,
+                                    aio_loop: None) -> None:
+    async with Database.open(private_pg.url(), command_timeout=1) as db:
+        listener = Listener(private_pg.url(), fast_settings,
+                            channels=(MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL))
+        ctx = ApiContext(db=db, settings=Settings(api=api_settings(())),
+                         backend=PostgresIndex(db), listener=listener, metrics=Metrics())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            port = await nursery.start(serve_api, ctx)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                assert (await http.get("/readyz")).json() == {"database": True, "listener": True}
+                await trio.to_thread.run_sync(private_pg.stop, "immediate")
+                with trio.fail_after(10):
+                    response = await http.get("/readyz")
+                check_against_spec("GET", "/readyz", response)
+                assert response.status_code == 503
+                assert response.json()["database"] is False
+            nursery.cancel_scope.cancel()
+
+
+def test_create_app_refuses_a_listener_without_the_event_channels(database_url: str) -> None:
+    from nexarch_events.api import create_app
+
+    ctx = ApiContext(db=cast(Database, None), settings=Settings(), backend=cast(Any, None),
+                     listener=Listener(database_url, channels=(JOB_EVENTS_CHANNEL,)),
+                     metrics=Metrics())
+    with pytest.raises(ConfigurationError, match="nexarch_mail_imported"):
+        create_app(ctx)
+
+
+async def test_unknown_path_and_wrong_method(env: Env) -> None:
+    missing = await env.client.http.get("/nope", headers={"Authorization": "Bearer x"})
+    assert missing.status_code == 404 and "/nope" in missing.json()["error"]
+    wrong = await env.client.request("DELETE", "/queue", env.tokens.admin)
+    assert wrong.status_code == 405
+    assert wrong.headers["allow"] == "GET"
+    assert "DELETE" in wrong.json()["error"]
+
+
+# -- auth -------------------------------------------------------------------------------
+
+PROTECTED = [("GET", "/metrics"), ("GET", "/queue"), ("GET", "/jobs/1"),
+             ("POST", "/jobs/1/retry"), ("GET", "/mailboxes"), ("POST", "/mailboxes/1/sync"),
+             ("GET", "/search"), ("GET", "/events")]
+
+
+async def test_every_protected_endpoint_needs_a_known_token(env: Env) -> None:
+    for method, path in PROTECTED:
+        for headers in ({}, {"Authorization": "Bearer not-a-token"},
+                        {"Authorization": f"Basic {env.tokens.admin}"},
+                        {"Authorization": "Bearer"},
+                        {"Authorization": f"Bearer {env.tokens.admin}x"}):
+            response = await env.client.request(method, path, headers=headers)
+            assert response.status_code == 401, (method, path, headers, response.text)
+            assert response.json()["error"]
+            assert response.headers["www-authenticate"].startswith("Bearer")
+        # ... and the right token gets past the check.
+        async with env.client.http.stream(
+                method, path, params={"tenant": "acme"},
+                headers={"Authorization": f"Bearer {env.tokens.admin}"}) as ok:
+            assert ok.status_code not in (401, 403), (method, path)
+
+
+async def test_metrics_are_for_admins_only(env: Env) -> None:
+    await env.import_mail("acme", "inbox", [message("metricsword")])
+    response = await env.client.get("/metrics", env.tokens.admin)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert 'nexarch_queue_jobs{status="pending"}' in response.text
+    assert "nexarch_wake_latency_seconds_count" in response.text
+    assert 'nexarch_import_pending_messages{tenant="acme",mailbox="inbox"}' in response.text
+    for token in (env.tokens.acme, env.tokens.globex):
+        denied = await env.client.get("/metrics", token)
+        assert denied.status_code == 403
+        assert "admin token" in denied.json()["error"]
+
+
+async def test_a_tenant_token_cannot_name_another_tenant(env: Env) -> None:
+    for method, path in PROTECTED:
+        if path == "/metrics":
+            continue
+        response = await env.client.request(method, path, env.tokens.acme,
+                                            params={"tenant": "globex"})
+        assert response.status_code == 403, (method, path, response.text)
+        assert "globex" in response.json()["error"]
+        bad = await env.client.request(method, path, env.tokens.admin,
+                                       params={"tenant": "Not_A_Slug"})
+        assert bad.status_code == 400 and "tenant" in bad.json()["error"]
+
+
+# -- queue and jobs ---------------------------------------------------------------------
+
+async def test_queue_counts_are_the_callers_tenant_only(env: Env) -> None:
+    acme = await env.import_mail("acme", "inbox", [message(f"acmeq{n}") for n in range(3)])
+    globex = await env.import_mail("globex", "inbox", [message(f"globexq{n}") for n in range(2)])
+    failed = await env.failed_job("globex")
+    await env.wait_finished([a.job_id for a in acme + globex])
+
+    async def stats(token: str, **params: str) -> dict[str, Any]:
+        response = await env.client.get("/queue", token, params=params)
+        assert response.status_code == 200
+        return cast(dict[str, Any], response.json())
+
+    acme_view = await stats(env.tokens.acme)
+    assert acme_view["tenant"] == "acme"
+    assert acme_view["counts"] == {"pending": 0, "processing": 0, "succeeded": 3, "failed": 0}
+    assert acme_view["succeeded_last_minute"] == 3
+    assert acme_view["oldest_ready_age_s"] is None
+    globex_view = await stats(env.tokens.globex)
+    assert globex_view["counts"] == {"pending": 0, "processing": 0, "succeeded": 2, "failed": 1}
+    assert globex_view["succeeded_last_minute"] == 2
+    everything = await stats(env.tokens.admin)
+    assert everything["tenant"] is None
+    assert everything["counts"]["succeeded"] == 5 and everything["counts"]["failed"] == 1
+    assert (await stats(env.tokens.admin, tenant="acme"))["counts"] == acme_view["counts"]
+    assert (await stats(env.tokens.acme, tenant="acme"))["counts"] == acme_view["counts"]
+    # The workers fed the wake-latency histogram: milliseconds, ordered.
+    latency = everything["wake_latency_ms"]
+    assert latency["p50"] is not None and latency["p50"] <= latency["p90"] <= latency["p99"]
+    assert failed > 0
+
+
+async def test_queue_age_of_the_oldest_ready_job_and_latency_in_ms(env: Env) -> None:
+    # Stop the workers so that a job stays ready.
+    await env.service.shutdown(0)
+    await env.queue.enqueue_index("acme", "999999", {})
+    await trio.sleep(0.3)
+    view = (await env.client.get("/queue", env.tokens.acme)).json()
+    assert view["counts"]["pending"] == 1
+    assert view["oldest_ready_age_s"] >= 0.2
+    assert (await env.client.get("/queue", env.tokens.globex)).json()["oldest_ready_age_s"] \
+        is None
+    env.ctx.metrics.wake_latency.samples[:] = [0.004] * 10
+    assert (await env.client.get("/queue", env.tokens.acme)).json()["wake_latency_ms"] == \
+        {"p50": 4.0, "p90": 4.0, "p99": 4.0}
+
+
+async def test_jobs_are_seen_only_within_their_tenant(env: Env) -> None:
+    [stored] = await env.import_mail("acme", "inbox", [message("jobword")])
+    assert stored.job_id is not None
+    await env.wait_finished([stored.job_id])
+    path = f"/jobs/{stored.job_id}"
+    for token, params in ((env.tokens.acme, {}), (env.tokens.admin, {}),
+                          (env.tokens.admin, {"tenant": "acme"})):
+        job = (await env.client.get(path, token, params=params)).json()
+        assert (job["id"], job["tenant"], job["status"]) == (stored.job_id, "acme", "succeeded")
+        assert job["message_id"] == str(stored.archive_id)
+    for token, params in ((env.tokens.globex, {}), (env.tokens.admin, {"tenant": "globex"})):
+        response = await env.client.get(path, token, params=params)
+        assert response.status_code == 404
+        assert str(stored.job_id) in response.json()["error"]
+    assert (await env.client.get("/jobs/99999999", env.tokens.admin)).status_code == 404
+    for bad in ("abc", "0", "-3", "1e3", "99999999999999999999"):
+        response = await env.client.get(f"/jobs/{bad}", env.tokens.admin)
+        assert response.status_code == 400 and "job id" in response.json()["error"]
+
+
+async def test_retry_requeues_a_failed_job_of_the_callers_tenant(env: Env) -> None:
+    job_id = await env.failed_job("globex")
+    denied = await env.client.post(f"/jobs/{job_id}/retry", env.tokens.acme)
+    assert denied.status_code == 404
+    assert (await env.queue.status(job_id)).attempts == 1  # untouched
+    retried = await env.client.post(f"/jobs/{job_id}/retry", env.tokens.globex)
+    assert retried.status_code == 200
+    assert retried.json() == {"requeued": [job_id], "superseded": []}
+    # It runs again (and, naming no message, fails again, with a fresh attempt count).
+    with trio.fail_after(30):
+        while (job := await env.queue.status(job_id)).status != JobStatus.FAILED:
+            await trio.sleep(0.02)
+    assert job.attempts == 1
+    [stored] = await env.import_mail("globex", "inbox", [message("retryword")])
+    await env.wait_finished([stored.job_id])
+    conflict = await env.client.post(f"/jobs/{stored.job_id}/retry", env.tokens.admin)
+    assert conflict.status_code == 409 and "succeeded" in conflict.json()["error"]
+    assert (await env.client.post("/jobs/424242/retry", env.tokens.admin)).status_code == 404
+
+
+async def test_retry_refuses_a_job_a_newer_one_has_overtaken(env: Env) -> None:
+    old = await env.failed_job("acme", "bogus-key")
+    newer = await env.failed_job("acme", "bogus-key")
+    response = await env.client.post(f"/jobs/{old}/retry", env.tokens.acme)
+    assert response.status_code == 409 and "newer job" in response.json()["error"]
+    assert (await env.queue.status(old)).status == JobStatus.FAILED
+    assert (await env.client.post(f"/jobs/{newer}/retry", env.tokens.acme)).status_code == 200
+
+
+# -- mailboxes ----------------------------------------------------------------------------
+
+async def test_mailboxes_list_state_without_credentials(env: Env) -> None:
+    registry = MailboxRegistry(env.db)
+    acme_id = await registry.add(mailbox_config("acme", "inbox"), interval_seconds=120)
+    await registry.add(mailbox_config("acme", "sales"))
+    globex_id = await registry.add(mailbox_config("globex", "inbox"))
+    await env.import_mail("acme", "inbox", [message("mbword1"), message("mbword2")])
+
+    acme = (await env.client.get("/mailboxes", env.tokens.acme)).json()
+    assert acme["tenant"] == "acme"
+    assert [(m["tenant"], m["name"]) for m in acme["mailboxes"]] == \
+        [("acme", "inbox"), ("acme", "sales")]
+    inbox = acme["mailboxes"][0]
+    assert inbox["id"] == acme_id
+    assert (inbox["host"], inbox["port"], inbox["folder"], inbox["tls_mode"]) == \
+        ("imap.example.com", 993, "INBOX", "implicit")
+    assert (inbox["last_uidvalidity"], inbox["last_synced_uid"], inbox["imported_total"]) == \
+        (7000, 2, 2)
+    assert inbox["interval_seconds"] == 120
+    assert inbox["server_uidnext"] == 3 and inbox["pending_messages"] == 0
+    assert inbox["last_success_at"] is not None and inbox["since_success_s"] >= 0
+    assert inbox["failures"] == 0 and inbox["last_error"] is None
+    raw = (await env.client.get("/mailboxes", env.tokens.admin)).text
+    for secret in ("password", "env:NEXARCH_TEST_IMAP_PASSWORD", "inbox@example.com",
+                   "username"):
+        assert secret not in raw
+    globex = (await env.client.get("/mailboxes", env.tokens.globex)).json()
+    assert [m["id"] for m in globex["mailboxes"]] == [globex_id]
+    everything = (await env.client.get("/mailboxes", env.tokens.admin)).json()
+    assert len(everything["mailboxes"]) == 3
+    scoped = (await env.client.get("/mailboxes", env.tokens.admin,
+                                   params={"tenant": "globex"})).json()
+    assert [m["id"] for m in scoped["mailboxes"]] == [globex_id]
+
+
+async def test_sync_now_within_the_callers_tenant(env: Env) -> None:
+    registry = MailboxRegistry(env.db)
+    states = StateStore(env.db)
+    acme_id = await registry.add(mailbox_config("acme", "inbox"))
+    globex_id = await registry.add(mailbox_config("globex", "inbox"))
+
+    denied = await env.client.post(f"/mailboxes/{acme_id}/sync", env.tokens.globex)
+    assert denied.status_code == 404 and str(acme_id) in denied.json()["error"]
+    assert (await states.get("acme", "inbox")).sync_requested_at is None
+    accepted = await env.client.post(f"/mailboxes/{acme_id}/sync", env.tokens.acme)
+    assert accepted.status_code == 202
+    assert accepted.json() == {"sync_requested": True, "id": acme_id, "tenant": "acme",
+                               "name": "inbox"}
+    assert (await states.get("acme", "inbox")).sync_requested_at is not None
+    assert (await states.get("globex", "inbox")).sync_requested_at is None
+    assert (await env.client.post(f"/mailboxes/{globex_id}/sync", env.tokens.admin)
+            ).status_code == 202
+    assert (await env.client.post(f"/mailboxes/{globex_id}/sync", env.tokens.admin,
+                                  params={"tenant": "acme"})).status_code == 404
+    assert (await env.client.post("/mailboxes/777777/sync", env.tokens.admin)).status_code == 404
+    bad = await env.client.post("/mailboxes/inbox/sync", env.tokens.admin)
+    assert bad.status_code == 400 and "mailbox id" in bad.json()["error"]
+
+
+# -- search ---------------------------------------------------------------------------------
+
+async def test_search_finds_the_callers_mail_only(env: Env) -> None:
+    acme = await env.import_mail("acme", "inbox", [message("zebrafinch"), message("otter")])
+    globex = await env.import_mail("globex", "inbox", [message("zebrafinch")])
+    await env.wait_finished([s.job_id for s in acme + globex])
+
+    found = (await env.client.get("/search", env.tokens.acme,
+                                  params={"q": "zebrafinch"})).json()
+    assert found["total"] == 1
+    [hit] = found["hits"]
+    assert hit["archive_id"] == acme[0].archive_id
+    assert hit["subject"] == "Report zebrafinch"
+    assert "alice@example.com" in hit["sender"]
+    assert hit["mailboxes"] == ["inbox"]
+    assert "<mark>zebrafinch</mark>" in hit["snippet"]
+    assert datetime.fromisoformat(hit["sent_at"]).tzinfo is not None
+    other = (await env.client.get("/search", env.tokens.globex,
+                                  params={"q": "zebrafinch"})).json()
+    assert [h["archive_id"] for h in other["hits"]] == [globex[0].archive_id]
+    assert (await env.client.get("/search", env.tokens.globex,
+                                 params={"q": "otter"})).json() == {"total": 0, "hits": []}
+    admin = (await env.client.get("/search", env.tokens.admin,
+                                  params={"q": "zebrafinch", "tenant": "acme"})).json()
+    assert [h["archive_id"] for h in admin["hits"]] == [acme[0].archive_id]
+    filtered = (await env.client.get("/search", env.tokens.acme, params={
+        "q": "zebrafinch", "sender": "nobody@example.com"})).json()
+    assert filtered["total"] == 0
+    newest = (await env.client.get("/search", env.tokens.acme, params={"limit": 1})).json()
+    assert newest["total"] == 2 and len(newest["hits"]) == 1
+
+
+async def test_search_rejects_bad_parameters_clearly(env: Env) -> None:
+    cases: list[tuple[str, dict[str, str | int], str]] = [
+        (env.tokens.admin, {"q": "x"}, "?tenant="),
+        (env.tokens.acme, {"q": "-only -excluded"}, "only excludes"),
+        (env.tokens.acme, {"q": "!!! ..."}, "no words"),
+        (env.tokens.acme, {"q": "x" * 1001}, "limit is 1000"),
+        (env.tokens.acme, {"q": "a\x00b"}, "NUL"),
+        (env.tokens.acme, {"q": "x", "limit": 0}, "'limit' must be 1..1000"),
+        (env.tokens.acme, {"q": "x", "limit": 1001}, "'limit' must be 1..1000"),
+        (env.tokens.acme, {"q": "x", "limit": "ten"}, "whole number"),
+        (env.tokens.acme, {"q": "x", "offset": -1}, "'offset' must be 0..100000"),
+        (env.tokens.acme, {"q": "x", "mailbox": "in\x00box"}, "'mailbox' contains a NUL"),
+    ]
+    for token, params, expected in cases:
+        response = await env.client.get("/search", token, params=params)
+        assert response.status_code == 400, (params, response.text)
+        assert expected in response.json()["error"], (params, response.json())
+    repeated = await env.client.http.get("/search?q=a&q=b",
+                                         headers={"Authorization": f"Bearer {env.tokens.acme}"})
+    assert repeated.status_code == 400 and "given 2 times" in repeated.json()["error"]
+
+
+# -- events -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sse:
+    id: str | None
+    event: str
+    data: dict[str, Any]
+
+
+class EventReader:
+    def __init__(self, response: httpx.Response) -> None:
+        self.lines = response.aiter_lines()
+        self.keepalives = 0
+
+    async def next(self, within: float = 15) -> Sse:
+        event, data, event_id = "message", [], None
+        with trio.fail_after(within):
+            async for line in self.lines:
+                if line == "":
+                    if data:
+                        return Sse(event_id, event, json.loads("\n".join(data)))
+                    event, data, event_id = "message", [], None
+                    continue
+                if line.startswith(":"):
+                    self.keepalives += line == ": keepalive"
+                    continue
+                name, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if name == "event":
+                    event = value
+                elif name == "data":
+                    data.append(value)
+                elif name == "id":
+                    event_id = value
+        raise AssertionError("the event stream ended")
+
+    async def until(self, done: Any, within: float = 30) -> list[Sse]:
+        """Events up to and including the first for which done(event) holds."""
+        out: list[Sse] = []
+        with trio.fail_after(within):
+            while True:
+                out.append(await self.next(within))
+                if done(out[-1]):
+                    return out
+
+    async def quiet(self, seconds: float) -> list[Sse]:
+        """Everything that arrives within ``seconds`` (expected: nothing)."""
+        out: list[Sse] = []
+        with trio.move_on_after(seconds):
+            while True:
+                out.append(await self.next(seconds + 1))
+        return out
+
+
+class open_events:
+    """``async with open_events(env, token, ...) as reader``: a checked stream."""
+
+    def __init__(self, env: Env, token: str, *, last_id: str | None = None,
+                 params: Mapping[str, str] | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        if last_id is not None:
+            headers["Last-Event-ID"] = last_id
+        self.cm = env.client.http.stream("GET", "/events", headers=headers, params=params)
+
+    async def __aenter__(self) -> EventReader:
+        response = await self.cm.__aenter__()
+        check_against_spec("GET", "/events", response)
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return EventReader(response)
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.cm.__aexit__(None, None, None)
+
+
+def imported_ids(events: Sequence[Sse]) -> list[int]:
+    return [e.data["archive_id"] for e in events if e.event == "imported"]
+
+
+def job_ids(events: Sequence[Sse], kind: str = "indexed") -> list[int]:
+    return [i for e in events if e.event == kind for i in e.data["ids"]]
+
+
+async def test_events_arrive_in_commit_order_for_the_callers_tenant(env: Env) -> None:
+    async with open_events(env, env.tokens.acme) as events:
+        opened = await events.next()
+        assert opened.event == "open" and opened.data["tenant"] == "acme"
+        assert opened.data["resumed"] is False
+        stored: list[Archived] = []
+        for n in range(6):
+            stored += await env.import_mail("acme", "inbox", [message(f"ordera{n}")])
+            await env.import_mail("globex", "inbox", [message(f"orderg{n}")])
+            stored += await env.import_mail("acme", "sales", [message(f"orders{n}")])
+        jobs = {s.job_id for s in stored}
+        received: list[Sse] = []
+        with trio.fail_after(30):
+            while not jobs <= set(job_ids(received)):
+                received.append(await events.next())
+    assert {e.data["tenant"] for e in received} == {"acme"}
+    imported = [e for e in received if e.event == "imported"]
+    # Commit order: exactly the order the transactions committed in.
+    assert [e.data["archive_id"] for e in imported] == [s.archive_id for s in stored]
+    assert [(e.data["mailbox"], e.data["uid"]) for e in imported] == \
+        [(box, n + 1) for n in range(6) for box in ("inbox", "sales")]
+    # A message's job succeeds after its import committed: its "indexed" comes later.
+    position = {id(e): n for n, e in enumerate(received)}
+    for s, e in zip(stored, imported, strict=True):
+        indexed = next(x for x in received if x.event == "indexed" and s.job_id in x.data["ids"])
+        assert position[id(e)] < position[id(indexed)]
+    # Ids: "<archive>.<job>", the archive part never goes down.
+    marks = [tuple(int(p) for p in e.id.split(".")) for e in received if e.id]
+    assert [m[0] for m in marks] == sorted(m[0] for m in marks)
+    assert marks[-1][0] == stored[-1].archive_id
+
+
+async def test_events_admin_sees_every_tenant_or_the_one_named(env: Env) -> None:
+    async with open_events(env, env.tokens.admin) as everything, \
+            open_events(env, env.tokens.admin, params={"tenant": "globex"}) as globex:
+        assert (await everything.next()).event == "open"
+        assert (await globex.next()).event == "open"
+        [a] = await env.import_mail("acme", "inbox", [message("adminev1")])
+        [g] = await env.import_mail("globex", "inbox", [message("adminev2")])
+        seen = await everything.until(lambda e: e.event == "imported"
+                                      and e.data["archive_id"] == g.archive_id)
+        assert imported_ids(seen) == [a.archive_id, g.archive_id]
+        only = await globex.until(lambda e: e.event == "imported")
+        assert imported_ids(only) == [g.archive_id]
+
+
+async def test_events_failures_and_resyncs_are_announced(env: Env) -> None:
+    async with open_events(env, env.tokens.globex) as events:
+        await events.next()
+        job_id = await env.queue.enqueue_index("globex", "no-such-message", {})
+        failed = await events.until(lambda e: e.event == "failed")
+        assert failed[-1].data["ids"] == [job_id]
+        assert failed[-1].data["channel"] == JOB_EVENTS_CHANNEL
+        [stored] = await env.import_mail("globex", "inbox", [message("failev")])
+        await events.until(lambda e: e.event == "indexed" and stored.job_id in e.data["ids"])
+        states = StateStore(env.db)
+        await states.begin("globex", "inbox", 7000, 10, 9)
+        await states.record_failure("globex", "inbox", 7000, 5, "BODY[] NIL", retry=False)
+        failure = await events.until(lambda e: e.event == "failed"
+                                     and e.data.get("channel") == MAIL_IMPORTED_CHANNEL)
+        assert (failure[-1].data["uid"], failure[-1].data["error"]) == (5, "BODY[] NIL")
+        await states.begin("globex", "inbox", 8000, 2, 1)  # UIDVALIDITY changed
+        resync = await events.until(lambda e: e.event == "resync")
+        assert (resync[-1].data["old_uidvalidity"], resync[-1].data["uidvalidity"]) == \
+            (7000, 8000)
+        # Meanwhile, nothing of acme's.
+        await env.failed_job("acme")
+        await env.import_mail("acme", "inbox", [message("failev-acme")])
+        assert await events.quiet(1.0) == []
+
+
+async def test_events_keepalive_comments(env: Env) -> None:
+    async with open_events(env, env.tokens.acme) as events:
+        await events.next()
+        assert await events.quiet(KEEPALIVE_S * 3) == []
+        assert events.keepalives >= 2
+
+
+async def test_a_closed_stream_unsubscribes(env: Env) -> None:
+    listener = env.ctx.listener
+
+    def subscribers() -> int:
+        # No public count: the listener's own table of subscriptions.
+        return sum(len(subs) for subs in listener._subscribers.values())
+
+    async with open_events(env, env.tokens.acme) as events, \
+            open_events(env, env.tokens.globex) as other:
+        await events.next()
+        await other.next()
+        assert subscribers() == 4
+    with trio.fail_after(10):
+        while subscribers():
+            await trio.sleep(0.02)
+
+
+async def test_events_resume_replays_what_was_missed_exactly_once(env: Env) -> None:
+    async with open_events(env, env.tokens.acme) as events:
+        opened = await events.next()
+        first = await env.import_mail("acme", "inbox", [message(f"resume{n}") for n in range(2)])
+        seen: list[Sse] = []
+        with trio.fail_after(30):
+            while not {s.job_id for s in first} <= set(job_ids(seen)):
+                seen.append(await events.next())
+        assert imported_ids(seen) == [s.archive_id for s in first]
+        last_id = seen[-1].id
+        assert last_id is not None and last_id != opened.id
+    # Disconnected: more mail is archived and indexed, for acme and globex.
+    missed = await env.import_mail("acme", "inbox", [message(f"missed{n}") for n in range(3)])
+    other = await env.import_mail("globex", "inbox", [message("missed-globex")])
+    await env.wait_finished([s.job_id for s in missed + other])
+    async with open_events(env, env.tokens.acme, last_id=last_id) as events:
+        opened = await events.next()
+        assert (opened.event, opened.data["resumed"], opened.id) == ("open", True, last_id)
+        replayed: list[Sse] = []
+        with trio.fail_after(30):
+            while not {s.job_id for s in missed} <= set(job_ids(replayed)):
+                replayed.append(await events.next())
+        assert all(e.data["replayed"] for e in replayed)
+        assert imported_ids(replayed) == [s.archive_id for s in missed]
+        # Once each (in finish order, which workers may shuffle).
+        assert sorted(job_ids(replayed)) == [s.job_id for s in missed]
+        assert {e.data["tenant"] for e in replayed} == {"acme"}
+        # Then live, without repeats.
+        [live] = await env.import_mail("acme", "inbox", [message("after-resume")])
+        rest = await events.until(lambda e: e.event == "indexed"
+                                  and live.job_id in e.data["ids"])
+        assert imported_ids(rest) == [live.archive_id]
+        assert job_ids(rest) == [live.job_id]
+        assert not any(e.data.get("replayed") for e in rest)
+        assert await events.quiet(0.5) == []
+
+
+async def test_events_resume_replays_a_retry_that_finished_after_higher_ids(env: Env) -> None:
+    """The job part of the id is a finish-order cursor: a retried job with a
+    low id that fails again while the client is away is still replayed."""
+    async with open_events(env, env.tokens.acme) as events:
+        await events.next()
+        retried = await env.failed_job("acme")
+        [stored] = await env.import_mail("acme", "inbox", [message("cursor")])
+        seen = await events.until(lambda e: e.event == "indexed"
+                                  and stored.job_id in e.data["ids"])
+        assert job_ids(seen, "failed") == [retried]
+        last_id = seen[-1].id
+        assert last_id is not None and last_id.endswith(f".{stored.job_id}")
+    assert stored.job_id is not None and retried < stored.job_id
+    assert (await env.client.post(f"/jobs/{retried}/retry", env.tokens.acme)).status_code == 200
+    with trio.fail_after(30):
+        while (await env.queue.status(retried)).status != JobStatus.FAILED:
+            await trio.sleep(0.02)
+    async with open_events(env, env.tokens.acme, last_id=last_id) as events:
+        await events.next()
+        replayed = await events.until(lambda e: e.event == "failed")
+        assert job_ids(replayed, "failed") == [retried]
+        assert imported_ids(replayed) == [] and job_ids(replayed) == []
+        assert await events.quiet(0.5) == []
+
+
+async def test_events_resume_never_replays_another_tenants_rows(env: Env) -> None:
+    globex = await env.import_mail("globex", "inbox", [message(f"g-only{n}") for n in range(2)])
+    await env.wait_finished([s.job_id for s in globex])
+    async with open_events(env, env.tokens.acme, last_id="0.0") as events:
+        opened = await events.next()
+        assert opened.event == "open"
+        assert await events.quiet(1.0) == []
+    async with open_events(env, env.tokens.admin, last_id="0.0",
+                           params={"tenant": "globex"}) as events:
+        await events.next()
+        replayed = await events.until(lambda e: e.event == "indexed"
+                                      and globex[-1].job_id in e.data["ids"])
+        assert imported_ids(replayed) == [s.archive_id for s in globex]
+
+
+async def test_events_reject_a_malformed_last_event_id(env: Env) -> None:
+    for bad in ("abc", "1", "1.2.3", "-1.0", "1.99999999999999999999"):
+        response = await env.client.get("/events", env.tokens.acme,
+                                        headers={"Last-Event-ID": bad})
+        assert response.status_code == 400, bad
+        assert "Last-Event-ID" in response.json()["error"]
+
+
+async def test_events_after_the_listener_reconnects(env: Env) -> None:
+    """Notifications sent while the LISTEN connection is down are gone; the
+    stream replays them from the tables and says ``resync``."""
+    listener = env.ctx.listener
+    async with open_events(env, env.tokens.acme) as events:
+        await events.next()
+        [before] = await env.import_mail("acme", "inbox", [message("pre-cut")])
+        assert imported_ids(await events.until(lambda e: e.event == "imported")) == \
+            [before.archive_id]
+        old_pid = listener.backend_pid
+        async with trio.open_nursery() as nursery:
+            # Archive while the connection is being cut: some of these are
+            # not notified to us, all must arrive once.
+            nursery.start_soon(env.db.fetchval, "SELECT pg_terminate_backend($1)", old_pid)
+            during = await env.import_mail("acme", "inbox",
+                                           [message(f"during-cut{n}") for n in range(5)])
+        with trio.fail_after(20):
+            while listener.backend_pid in (None, old_pid):
+                await trio.sleep(0.02)
+        [after] = await env.import_mail("acme", "inbox", [message("post-cut")])
+        got = await events.until(lambda e: e.event == "imported"
+                                 and e.data["archive_id"] == after.archive_id)
+        assert "resync" in [e.event for e in got]
+        assert sorted(imported_ids(got)) == [s.archive_id for s in during] + [after.archive_id]
+
+
+async def test_archive_store_without_notification_is_replayed_as_imported(env: Env) -> None:
+    """Archive.store sends no mail-imported notification: a resuming stream
+    still learns of the message from the archive table."""
+    async with open_events(env, env.tokens.acme) as events:
+        opened = await events.next()
+        assert opened.id is not None
+    stored = await Archive(env.db).store("acme", message("plainstore"))
+    await env.wait_finished([stored.job_id])
+    async with open_events(env, env.tokens.acme, last_id=opened.id) as events:
+        await events.next()
+        replayed = await events.until(lambda e: e.event == "indexed")
+        assert imported_ids(replayed) == [stored.archive_id]
+        assert replayed[0].data["mailbox"] is None
+
+
+def test_timestamps_in_json_carry_a_zone() -> None:
+    from nexarch_events.api.asgi import dumps
+
+    assert dumps({"at": datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC)}) == \
+        '{"at":"2025-01-02T03:04:05+00:00"}'
