@@ -70,3 +70,26 @@ async def test_claim_stays_cheap_on_a_backlog_without_statistics(db: Database) -
         INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)
         SELECT 'index', 'acme', 'm' || n FROM generate_series(1, 20000) AS n""")
     check_plan(await explain_claim(db, 100), 100)
+
+
+async def test_api_reads_of_finished_jobs_use_the_finished_index(db: Database) -> None:
+    """GET /queue's throughput and the event stream's start read finished
+    jobs by time: an index range, not a scan of every job ever finished."""
+    from nexarch_events import sqlfiles
+
+    await db.execute("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, status, attempts,
+                                     finished_at)
+        SELECT 'index', 'tenant-' || (n % 50), 'old-' || n, 'succeeded', 1,
+               now() - (n || ' seconds')::interval
+          FROM generate_series(1, 100000) AS n""")
+    await db.execute("ANALYZE mail_index_jobs")
+    queries = sqlfiles.queries("queue.sql")
+    for name, args in (("succeeded_within", ("tenant-7", 60.0)),
+                       ("last_finished", ("tenant-7",))):
+        raw = await db.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {queries[name]}", *args)
+        nodes = plan_nodes(json.loads(raw)[0]["Plan"])
+        types = [n["Node Type"] for n in nodes]
+        assert "Seq Scan" not in types, (name, types)
+        assert any(n.get("Index Name") == "mail_index_jobs_finished" for n in nodes), \
+            (name, types)
