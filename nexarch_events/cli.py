@@ -426,6 +426,33 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
     return EXIT_OK
 
 
+def cmd_mailbox_enable(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    enabled = args.mailbox_command == "enable"
+    _registry_call(url, lambda r: r.set_enabled(args.tenant, args.name, enabled))
+    print(f"{args.tenant}/{args.name}: import {'enabled' if enabled else 'paused'} "
+          "(running services pick this up within NEXARCH_IMPORT_RELOAD_INTERVAL)")
+    return EXIT_OK
+
+
+def cmd_mailbox_failures(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from .importer.state import StateStore
+
+    async def go(registry: Any) -> Any:
+        await registry.get(args.tenant, args.name)
+        return await StateStore(registry.db).failures(args.tenant, args.name)
+
+    rows = [dict(r) for r in _registry_call(url, go)]
+    if args.json:
+        print(json.dumps(_jsonable(rows), indent=2))
+        return EXIT_OK
+    print(f"{len(rows)} message(s) the server did not hand over (retried by every run, "
+          "up to 10 attempts)")
+    for r in rows:
+        print(f"  UIDVALIDITY {r['uidvalidity']} UID {r['uid']}: {r['attempts']} attempt(s), "
+              f"last {r['last_failed_at']:%Y-%m-%d %H:%M}: {r['last_error']}")
+    return EXIT_OK
+
+
 def cmd_mailbox_remove(args: argparse.Namespace, settings: Settings, url: str) -> int:
     _registry_call(url, lambda r: r.remove(args.tenant, args.name))
     print(f"removed mailbox {args.tenant}/{args.name} (archived mail stays)")
@@ -530,6 +557,17 @@ def build_parser() -> argparse.ArgumentParser:
     now.add_argument("--request", action="store_true",
                      help="only ask the running service to sync it now")
     now.set_defaults(fn=cmd_mailbox_sync_now)
+    for verb, text in (("enable", "resume importing a paused mailbox"),
+                       ("disable", "pause importing a mailbox (its state is kept)")):
+        toggle = msub.add_parser(verb, help=text)
+        toggle.add_argument("tenant")
+        toggle.add_argument("name")
+        toggle.set_defaults(fn=cmd_mailbox_enable)
+    failures = msub.add_parser("failures", help="messages the server did not hand over")
+    failures.add_argument("tenant")
+    failures.add_argument("name")
+    failures.add_argument("--json", action="store_true")
+    failures.set_defaults(fn=cmd_mailbox_failures)
     remove = msub.add_parser("remove", help="unregister a mailbox (archived mail stays)")
     remove.add_argument("tenant")
     remove.add_argument("name")

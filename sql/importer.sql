@@ -188,3 +188,10 @@ SELECT archive_id, array_agg(DISTINCT mailbox ORDER BY mailbox) AS mailboxes
   FROM mail_archive_locations
  WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[])
  GROUP BY archive_id;
+
+-- name: mailbox_set_enabled
+-- $3 enabled. A disabled mailbox keeps its state; running schedulers stop
+-- (or start) its runner at their next re-read. No row: no such mailbox.
+UPDATE mail_import_mailboxes SET enabled = $3::boolean
+ WHERE tenant_slug = $1 AND name = $2
+RETURNING id;

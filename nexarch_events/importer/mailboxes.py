@@ -131,6 +131,14 @@ class MailboxRegistry:
         return [(MailboxConfig.from_row(r), r["sync_requested_at"] is not None)
                 for r in rows if r["enabled"]]
 
+    async def set_enabled(self, tenant_slug: str, name: str, enabled: bool) -> None:
+        """Pause or resume a mailbox's import (its state is kept)."""
+        validate_tenant_slug(tenant_slug)
+        validate_mailbox_name(name)
+        if await self.db.fetchrow(_SQL["mailbox_set_enabled"], tenant_slug, name,
+                                  enabled) is None:
+            raise JobNotFound(f"no mailbox {name!r} in tenant {tenant_slug!r}")
+
     async def remove(self, tenant_slug: str, name: str) -> None:
         """Unregister (state and failures too; the archived mail stays)."""
         validate_tenant_slug(tenant_slug)

@@ -60,6 +60,15 @@ def test_mailbox_lifecycle(database_url: str, dovecot: Dovecot, imap_folder: str
     failed = cli("mailbox", "sync-now", "acme", "inbox", url=database_url)
     assert failed.returncode == 2 and "ALICE_PASSWORD is not set" in failed.stderr
 
+    assert cli("mailbox", "disable", "acme", "inbox", url=database_url).returncode == 0
+    listed = json.loads(cli("mailbox", "list", "--json", url=database_url).stdout)
+    assert listed[0]["enabled"] is False
+    assert cli("mailbox", "enable", "acme", "inbox", url=database_url).returncode == 0
+    assert json.loads(cli("mailbox", "list", "--json", url=database_url).stdout)[0]["enabled"]
+    assert json.loads(cli("mailbox", "failures", "acme", "inbox", "--json",
+                          url=database_url).stdout) == []
+    assert cli("mailbox", "disable", "acme", "nosuch", url=database_url).returncode == 1
+
     assert cli("mailbox", "remove", "acme", "inbox", url=database_url).returncode == 0
     assert json.loads(cli("mailbox", "list", "--json", url=database_url).stdout) == []
     assert cli("mailbox", "remove", "acme", "inbox", url=database_url).returncode == 1

@@ -191,3 +191,20 @@ async def test_idle_is_reissued_on_schedule(db: Database) -> None:
             # same connection, and IDLE was issued again after it.
             assert server.commands.count("IDLE") >= 3
             assert server.connections == 1
+
+
+async def test_a_paused_mailbox_stops_and_resumes(db: Database) -> None:
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        registry = MailboxRegistry(db)
+        await registry.add(config(server), interval_seconds=3600)
+        async with scheduler(db) as sched:  # re-reads registrations every 0.5 s
+            await rec.wait_for_imported(uid=1)
+            await registry.set_enabled("acme", "inbox", False)
+            with trio.fail_after(5):
+                while sched.mailboxes:
+                    await trio.sleep(0.05)
+            server.add_message(message(2))
+            await trio.sleep(1.0)
+            assert [e.uid for e in rec.select()] == [1]  # paused: nothing imported
+            await registry.set_enabled("acme", "inbox", True)
+            await rec.wait_for_imported(uid=2, timeout=5)
