@@ -5,6 +5,7 @@ test fails without the handling it names (see nexarch_events/importer/sync.py).
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from nexarch_events.aio import Database
@@ -250,3 +251,22 @@ async def test_recorder_sees_nothing_of_other_tenants(db: Database) -> None:
     async with open_scripted_imap(messages([1])) as server:
         await sync(db, server)
     assert rec.events == []
+
+
+async def test_starttls_is_required_when_configured(db: Database) -> None:
+    """tls=starttls against a server that does not offer it must fail, never
+    fall back to sending the password in clear text."""
+    from dataclasses import replace
+
+    from nexarch_events.errors import ImapTlsError
+
+    async with open_scripted_imap(messages([1])) as server:
+        cfg = replace(config_for(server), tls_mode="starttls")
+        with trio.fail_after(10), pytest.raises(ImapTlsError, match="does not offer STARTTLS"):
+            await run_sync(db, cfg, "secret", imap_timeout=3)
+        assert not any(c.startswith("LOGIN") for c in server.commands)
+        # Implicit TLS against a plain-text server fails too, promptly.
+        cfg = replace(config_for(server), tls_mode="implicit")
+        with trio.fail_after(10), pytest.raises(ImapUnavailable):
+            await run_sync(db, cfg, "secret", imap_timeout=3)
+    assert (await state(db)).last_error  # the last failure is on the mailbox state
