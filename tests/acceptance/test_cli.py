@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,13 +87,16 @@ def test_demo_on_the_embedded_postgres(tmp_path: Path) -> None:
     """The README's first command, minus the install: no database URL, so the
     CLI starts (and afterwards stops) an embedded Postgres in the data dir."""
     data = server_dir()
-    result = cli("demo", "--duration", "3", "--rate", "5", url=None,
-                 env={"NEXARCH_DATA_DIR": str(data)}, timeout=180)
-    assert result.returncode == 0, result.stdout + result.stderr
-    # Everything it delivered was found (tests/acceptance/test_demo.py has the details).
-    assert re.search(r"^  messages +(\d+) arrived, \1 imported, \1 searchable ",
-                     result.stdout, re.MULTILINE), result.stdout
-    # The embedded server was stopped again: nothing listens on its port.
-    port = int((data / "postgres.port").read_text())
-    probe = cli("stats", url=f"postgresql://postgres@127.0.0.1:{port}/postgres")
-    assert probe.returncode == 3
+    try:
+        result = cli("demo", "--duration", "3", "--rate", "5", url=None,
+                     env={"NEXARCH_DATA_DIR": str(data)}, timeout=180)
+        assert result.returncode == 0, result.stdout + result.stderr
+        # Everything it delivered was found (tests/acceptance/test_demo.py has the details).
+        assert re.search(r"^  messages +(\d+) arrived, \1 imported, \1 searchable ",
+                         result.stdout, re.MULTILINE), result.stdout
+        # The embedded server was stopped again: nothing listens on its port.
+        port = int((data / "postgres.port").read_text())
+        probe = cli("stats", url=f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        assert probe.returncode == 3
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
