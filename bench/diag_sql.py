@@ -47,7 +47,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 def ours_sql() -> dict[str, str]:
-    from nexarch_events import sqlfiles
+    from nexarch_events.db import sqlfiles
 
     return sqlfiles.queries("queue.sql")
 
@@ -61,7 +61,7 @@ async def fresh(admin: asyncpg.Connection, dsn: str, system: str) -> tuple[str, 
         if system == "floor":
             await conn.execute(RAW_SCHEMA)
         else:
-            from nexarch_events import sqlfiles
+            from nexarch_events.db import sqlfiles
 
             for _, _, sql in sqlfiles.migrations():
                 await conn.execute(sql)

@@ -81,6 +81,7 @@ sys.path.insert(0, str(ROOT))
 from nexarch_events.aio import Connection, Database, execute_sync  # noqa: E402
 from nexarch_events.aio import run as aio_run  # noqa: E402
 from nexarch_events.aio.imap import ImapEndpoint, ImapSession  # noqa: E402
+from nexarch_events.db.migrations import migrate  # noqa: E402
 from nexarch_events.errors import DatabaseError  # noqa: E402
 from nexarch_events.importer import scheduler as scheduler_module  # noqa: E402
 from nexarch_events.importer import sync as sync_module  # noqa: E402
@@ -97,9 +98,8 @@ from nexarch_events.importer.state import StateStore  # noqa: E402
 from nexarch_events.importer.sync import ImportLimits, SyncReport, run_sync  # noqa: E402
 from nexarch_events.index.base import SearchQuery  # noqa: E402
 from nexarch_events.index.factory import open_index  # noqa: E402
-from nexarch_events.indexer import Indexer  # noqa: E402
-from nexarch_events.migrations import migrate  # noqa: E402
-from nexarch_events.notify import (  # noqa: E402
+from nexarch_events.mail.indexer import Indexer  # noqa: E402
+from nexarch_events.queue.notify import (  # noqa: E402
     IMPORT_REQUESTS_CHANNEL,
     JOB_EVENTS_CHANNEL,
     MAIL_IMPORTED_CHANNEL,
@@ -1004,7 +1004,7 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         dsn = args.dsn
         if args.embedded:
-            from nexarch_events.embedded import EmbeddedPostgres
+            from nexarch_events.db.embedded import EmbeddedPostgres
 
             folder = tempfile.mkdtemp(prefix="nexarch-import-bench-")
             stack.callback(shutil.rmtree, folder, ignore_errors=True)

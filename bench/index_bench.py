@@ -35,11 +35,11 @@ sys.path.insert(0, str(ROOT))
 
 from nexarch_events.aio import Database, execute_sync  # noqa: E402
 from nexarch_events.aio import run as aio_run  # noqa: E402
-from nexarch_events.archive import Archive  # noqa: E402
+from nexarch_events.db.migrations import migrate  # noqa: E402
 from nexarch_events.index.base import SearchQuery  # noqa: E402
 from nexarch_events.index.postgres import PostgresIndex  # noqa: E402
-from nexarch_events.migrations import migrate  # noqa: E402
-from nexarch_events.notify import JOB_EVENTS_CHANNEL, Listener, Notification  # noqa: E402
+from nexarch_events.mail.archive import Archive  # noqa: E402
+from nexarch_events.queue.notify import JOB_EVENTS_CHANNEL, Listener, Notification  # noqa: E402
 from tests.support.mailgen import realistic_messages, unique_token  # noqa: E402
 
 TENANT = "bench"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""MIME parse throughput: ``nexarch_events.mime`` on realistic mail, one core.
+"""MIME parse throughput: ``nexarch_events.mail.mime`` on realistic mail, one core.
 
     .venv/bin/python bench/mime_bench.py [--count 3000] [--repeat 5] [--seed 0]
                                          [--baseline] [--hostile] [--profile]
@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from nexarch_events.mime import MimeError, parse_message, to_index_document
+from nexarch_events.mail.mime import MimeError, parse_message, to_index_document
 from tests.support.mailgen import hostile_messages, realistic_messages
 
 

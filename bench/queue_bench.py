@@ -101,7 +101,7 @@ RAW_DONE_N = ("UPDATE bench_raw_jobs SET status = 'done', done_at = now() "
 
 def ours_enqueue_sql() -> str:
     """The package's own enqueue statement (what Queue.enqueue_many runs)."""
-    from nexarch_events import sqlfiles
+    from nexarch_events.db import sqlfiles
 
     return sqlfiles.queries("queue.sql")["enqueue"]
 
@@ -192,7 +192,7 @@ def role_producer_api(args: argparse.Namespace) -> None:
     import trio
 
     from nexarch_events.aio import Database, run
-    from nexarch_events.queue import Queue
+    from nexarch_events.queue.jobs import Queue
 
     records: list[tuple[int, float]] = []
 
@@ -292,7 +292,7 @@ def role_ours_bulk(args: argparse.Namespace) -> None:
     the commit returned."""
     from nexarch_events.aio import Database, run
     from nexarch_events.models import JobType, NewJob
-    from nexarch_events.queue import Queue
+    from nexarch_events.queue.jobs import Queue
 
     async def main() -> dict[str, Any]:
         async with Database.open(args.dsn, max_size=1) as db, db.acquire() as conn:

@@ -51,7 +51,9 @@ def _install() -> None:
     import asyncpg.connection
     import asyncpg.pool
 
-    from nexarch_events import notify, queue, sqlfiles, worker
+    from nexarch_events.db import sqlfiles
+    from nexarch_events.queue import jobs as queue
+    from nexarch_events.queue import notify, worker
 
     names = {text: name for name, text in sqlfiles.queries("queue.sql").items()}
 

@@ -5,7 +5,7 @@ The public names. Everything runs under trio; ``nexarch_events.aio.run`` is
 """
 
 from .aio import Database, open_loop, run
-from .archive import Archive, Archived, Location
+from .db.migrations import migrate
 from .errors import (
     ConfigurationError,
     DatabaseError,
@@ -27,8 +27,8 @@ from .index.base import (
     SearchQuery,
     SearchResult,
 )
-from .indexer import Indexer
-from .migrations import migrate
+from .mail.archive import Archive, Archived, Location
+from .mail.indexer import Indexer
 from .models import (
     AckResult,
     ClaimedJob,
@@ -41,11 +41,11 @@ from .models import (
     QueueStats,
     RequeueResult,
 )
-from .notify import INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL, RESYNC, Listener, Notification
-from .queue import Queue
+from .queue.jobs import Queue
+from .queue.notify import INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL, RESYNC, Listener, Notification
+from .queue.worker import BatchHandler, WorkerPool, per_job
 from .service import QueueService, serve
 from .settings import QueueSettings, Settings
-from .worker import BatchHandler, WorkerPool, per_job
 
 __all__ = [
     "INDEX_JOBS_CHANNEL", "JOB_EVENTS_CHANNEL", "RESYNC", "AckResult", "Archive", "Archived",

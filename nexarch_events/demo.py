@@ -45,19 +45,19 @@ import trio
 
 from .aio import Database
 from .aio import run as aio_run
+from .db.migrations import migrate
 from .errors import ConfigurationError, JobNotFound, NexarchError
-from .imap_server import Faults, ScriptedImapServer
 from .importer.mailboxes import MailboxConfig, MailboxRegistry
 from .index.base import IndexBackend, SearchQuery, SearchResult
 from .index.factory import open_index
-from .indexer import Indexer
-from .migrations import migrate
-from .notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Event, Listener, Notification
-from .queue import Queue
-from .samples import SampleMail, sample_mail
+from .mail.indexer import Indexer
+from .queue.jobs import Queue
+from .queue.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Event, Listener, Notification
+from .queue.worker import BatchHandler
 from .service import QueueService, serve
 from .settings import ApiToken, Settings
-from .worker import BatchHandler
+from .testing.imap_server import Faults, ScriptedImapServer
+from .testing.samples import SampleMail, sample_mail
 
 TENANT = "demo"
 MAILBOX = "sample"

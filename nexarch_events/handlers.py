@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from .errors import ConfigurationError
 from .models import ClaimedJob, Failure, JobId
-from .worker import BatchHandler
+from .queue.worker import BatchHandler
 
 log = logging.getLogger(__name__)
 

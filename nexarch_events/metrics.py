@@ -2,7 +2,9 @@
 
 In-process counters and a histogram are updated where things happen (the
 workers, the import scheduler); queue depth and import lag are read from the
-tables at scrape time, so every process reports the same truth for them.
+tables at scrape time by the caller (the API's ``/metrics`` route), so every
+process reports the same truth for them. This module reads no table itself:
+the queue and the importer depend on it, so it must not depend on them.
 Only standard-library code: the exposition format is a few lines of text.
 """
 
@@ -13,9 +15,8 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-from . import sqlfiles
-from .aio import Executor
-from .models import AckResult, ClaimedJob
+from .aio import Row
+from .models import AckResult, ClaimedJob, QueueStats
 
 #: Seconds from enqueue to claim (first attempts only): the wake latency.
 WAKE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -90,11 +91,10 @@ class Metrics:
         self.import_runs[(tenant, mailbox, "ok" if ok else "error")] += 1
         self.imported_messages[(tenant, mailbox)] += imported
 
-    async def render(self, db: Executor) -> str:
-        from .queue import Queue
-
+    def render(self, stats: QueueStats, lag_rows: Sequence[Row]) -> str:
+        """The exposition text: these counters plus the scrape-time ``stats``
+        and ``lag_rows`` (the ``lag`` query of importer.sql)."""
         lines: list[str] = []
-        stats = await Queue(db).stats()
         lines += ["# HELP nexarch_queue_jobs Jobs in the queue by status.",
                   "# TYPE nexarch_queue_jobs gauge"]
         lines += [f'nexarch_queue_jobs{{status="{s.value}"}} {n}' for s, n in stats.counts.items()]
@@ -112,13 +112,12 @@ class Metrics:
         lines += ["# HELP nexarch_listener_reconnects_total LISTEN connection reconnects.",
                   "# TYPE nexarch_listener_reconnects_total counter",
                   f"nexarch_listener_reconnects_total {self.listener_reconnects()}"]
-        rows = await db.fetch(sqlfiles.queries("importer.sql")["lag"])
         lines += ["# HELP nexarch_import_pending_messages UIDs the server had announced "
                   "(UIDNEXT) above the mailbox's watermark at its last run.",
                   "# TYPE nexarch_import_pending_messages gauge"]
         lag = ["# HELP nexarch_import_lag_seconds Seconds since the mailbox's last "
                "successful sync.", "# TYPE nexarch_import_lag_seconds gauge"]
-        for r in rows:
+        for r in lag_rows:
             labels = f'tenant="{_label(r["tenant_slug"])}",mailbox="{_label(r["mailbox_name"])}"'
             pending = max(0, (r["server_uidnext"] or 1) - 1 - r["last_synced_uid"])
             lines.append(f"nexarch_import_pending_messages{{{labels}}} {pending}")

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 import trio
 
 from .aio import Database
-from .archive import Archive
 from .index.base import IndexBackend
-from .indexer import Indexer
+from .mail.archive import Archive
+from .mail.indexer import Indexer
 from .models import JobType, NewJob, validate_tenant_slug
-from .notify import JOB_EVENTS_CHANNEL, Notification
+from .queue.notify import JOB_EVENTS_CHANNEL, Notification
 from .service import QueueService
 from .settings import Settings
 

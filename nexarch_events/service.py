@@ -17,10 +17,11 @@ from collections.abc import Mapping
 import trio
 
 from .aio import Database
+from .db.migrations import migrate
 from .index.base import IndexBackend
 from .metrics import Metrics
-from .migrations import migrate
-from .notify import (
+from .queue.jobs import Queue
+from .queue.notify import (
     IMPORT_REQUESTS_CHANNEL,
     INDEX_JOBS_CHANNEL,
     JOB_EVENTS_CHANNEL,
@@ -29,10 +30,9 @@ from .notify import (
     Notification,
     Subscription,
 )
-from .queue import Queue
+from .queue.sweeper import Sweeper
+from .queue.worker import BatchHandler, WorkerPool
 from .settings import Settings
-from .sweeper import Sweeper
-from .worker import BatchHandler, WorkerPool
 
 log = logging.getLogger(__name__)
 

@@ -132,7 +132,7 @@ class ApiSettings:
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.embedded).
+    #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.db.embedded).
     database_url: str | None = None
     data_dir: str = ".nexarch"
     pool_size: int = 10

@@ -21,9 +21,9 @@ import pytest
 
 from nexarch_events.aio import Database, execute_sync
 from nexarch_events.aio import run as aio_run
-from nexarch_events.embedded import EmbeddedPostgres
-from nexarch_events.migrations import migrate
-from nexarch_events.queue import Queue
+from nexarch_events.db.embedded import EmbeddedPostgres
+from nexarch_events.db.migrations import migrate
+from nexarch_events.queue.jobs import Queue
 from nexarch_events.settings import QueueSettings
 from tests.support.dovecot import Dovecot, running_dovecot
 
@@ -120,7 +120,7 @@ def empty_database_url(pg_server: PgServer) -> Iterator[str]:
 @pytest.fixture
 def aio_loop(nexarch_loop: None) -> None:
     """The asyncio loop asyncpg runs in (trio-asyncio), for this test: the
-    package's own pytest plugin provides it (nexarch_events.pytest_plugin)."""
+    package's own pytest plugin provides it (nexarch_events.testing.pytest_plugin)."""
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from ..aio import Database
 from ..errors import ConfigurationError
 from ..index.base import IndexBackend
 from ..metrics import Metrics
-from ..notify import Listener
+from ..queue.notify import Listener
 from ..settings import Settings
 from .asgi import AsgiApp, log
 from .events import CHANNELS

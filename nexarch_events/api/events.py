@@ -44,7 +44,8 @@ import trio
 from ..aio import Database
 from ..errors import NexarchError
 from ..models import JSONObject, JSONValue
-from ..notify import (
+from ..queue.jobs import FinishedJob, Queue
+from ..queue.notify import (
     JOB_EVENTS_CHANNEL,
     MAIL_IMPORTED_CHANNEL,
     RESYNC,
@@ -54,7 +55,6 @@ from ..notify import (
     Resync,
     Subscription,
 )
-from ..queue import FinishedJob, Queue
 from .asgi import Write, dumps, log
 from .store import ArchivedMessage, archived_after, newest_archive_id
 

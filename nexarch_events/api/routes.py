@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from .. import sqlfiles
+from ..db import sqlfiles
 from ..errors import DatabaseError, InvalidJobError, JobNotFound
 from ..importer.mailboxes import MailboxRegistry
 from ..importer.state import StateStore
 from ..index.base import MAX_LIMIT, MAX_OFFSET, InvalidQuery, SearchQuery
 from ..models import Job, JobStatus
-from ..queue import Queue
+from ..queue.jobs import Queue
 from .asgi import ApiError, Request, Response, Router, Stream, json_response
 from .auth import Principal, authenticate, require_admin, tenant_scope
 from .events import EventStream, Watermark
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from . import ApiContext
 
 _SQL = sqlfiles.queries("queue.sql")
+_IMPORTER_SQL = sqlfiles.queries("importer.sql")
 
 READY_TIMEOUT_S = 2.0
 THROUGHPUT_WINDOW_S = 60.0
@@ -117,7 +118,9 @@ class _Api:
 
     async def metrics(self, request: Request, who: Principal) -> Response:
         require_admin(who, request)
-        text = await self.ctx.metrics.render(self.ctx.db)
+        stats = await self.queue.stats()
+        lag_rows = await self.ctx.db.fetch(_IMPORTER_SQL["lag"])
+        text = self.ctx.metrics.render(stats, lag_rows)
         return Response(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
 
     async def queue_stats(self, request: Request, who: Principal) -> Response:

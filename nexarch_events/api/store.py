@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from .. import sqlfiles
 from ..aio import Executor
+from ..db import sqlfiles
 from ..models import validate_tenant_slug
 
 _SQL = sqlfiles.queries("importer.sql")

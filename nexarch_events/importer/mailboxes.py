@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import sqlfiles
 from ..aio import Executor, Row
 from ..aio.imap import TLS_MODES, ImapEndpoint
+from ..db import sqlfiles
 from ..errors import ConfigurationError, DatabaseError, InvalidJobError, JobNotFound
 from ..models import validate_tenant_slug
 from .state import (

@@ -32,7 +32,7 @@ from ..aio import Database
 from ..aio.imap import ImapSession
 from ..errors import ConfigurationError, DatabaseError, ImapError
 from ..metrics import Metrics
-from ..notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
+from ..queue.notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
 from ..settings import ImportSettings
 from . import secrets
 from .mailboxes import MailboxConfig, MailboxRegistry

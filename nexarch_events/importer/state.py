@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from .. import sqlfiles
 from ..aio import Executor, Row
-from ..archive import Archived, content_hash
+from ..db import sqlfiles
 from ..errors import InvalidJobError, JobNotFound
+from ..mail.archive import Archived, content_hash
 from ..models import JobId, validate_tenant_slug
 
 _SQL = sqlfiles.queries("importer.sql")

@@ -38,8 +38,8 @@ import trio
 
 from ..aio import Connection, Database
 from ..aio.imap import ImapSession
-from ..archive import MAX_MESSAGE_BYTES
 from ..errors import DatabaseError, ImapError, NexarchError
+from ..mail.archive import MAX_MESSAGE_BYTES
 from .mailboxes import MailboxConfig
 from .protocol import (
     MAX_UID,

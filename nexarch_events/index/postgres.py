@@ -19,8 +19,8 @@ import json
 import re
 from collections.abc import Sequence
 
-from .. import sqlfiles
 from ..aio import Database
+from ..db import sqlfiles
 from ..errors import DatabaseError, DatabaseUnavailable
 from ..models import validate_tenant_slug
 from .base import (

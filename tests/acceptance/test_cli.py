@@ -73,7 +73,7 @@ def test_bad_setting_exits_2_and_names_the_key(database_url: str) -> None:
 
 
 def test_migrate_is_idempotent(empty_database_url: str) -> None:
-    from nexarch_events import sqlfiles
+    from nexarch_events.db import sqlfiles
 
     versions = [v for v, _, _ in sqlfiles.migrations()]
     first = cli("migrate", url=empty_database_url)

@@ -76,9 +76,9 @@ async def served(db: Any, database_url: str,
                  fast_settings: Any) -> AsyncIterator[tuple[int, str, Any]]:
     from nexarch_events.api import ApiContext, serve_api
     from nexarch_events.index.postgres import PostgresIndex
-    from nexarch_events.indexer import Indexer
+    from nexarch_events.mail.indexer import Indexer
     from nexarch_events.metrics import Metrics
-    from nexarch_events.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
+    from nexarch_events.queue.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
     from nexarch_events.service import QueueService
     from nexarch_events.settings import ApiSettings, ApiToken, Settings
 

@@ -31,16 +31,16 @@ from openapi_spec_validator import validate as validate_openapi
 
 from nexarch_events.aio import Database
 from nexarch_events.api import ApiContext, serve_api
-from nexarch_events.archive import Archive, Archived
 from nexarch_events.errors import ConfigurationError
 from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
 from nexarch_events.importer.state import StateStore
 from nexarch_events.index.postgres import PostgresIndex
-from nexarch_events.indexer import Indexer
+from nexarch_events.mail.archive import Archive, Archived
+from nexarch_events.mail.indexer import Indexer
 from nexarch_events.metrics import Metrics
 from nexarch_events.models import JobStatus
-from nexarch_events.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
-from nexarch_events.queue import Queue
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.queue.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
 from nexarch_events.service import QueueService
 from nexarch_events.settings import ApiSettings, ApiToken, QueueSettings, Settings
 

@@ -6,9 +6,9 @@ import pytest
 import trio
 
 from nexarch_events.aio import Database
-from nexarch_events.archive import MAX_MESSAGE_BYTES, Archive, Location
 from nexarch_events.errors import DatabaseError, InvalidJobError
-from nexarch_events.queue import Queue
+from nexarch_events.mail.archive import MAX_MESSAGE_BYTES, Archive, Location
+from nexarch_events.queue.jobs import Queue
 
 MSG = b"From: a@example.org\r\nMessage-ID: <same@x>\r\nSubject: hi\r\n\r\nbody one\r\n"
 OTHER_BODY = MSG.replace(b"body one", b"body two")

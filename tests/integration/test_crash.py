@@ -25,11 +25,11 @@ import pytest
 import trio
 
 from nexarch_events.aio import Database
-from nexarch_events.embedded import EmbeddedPostgres
+from nexarch_events.db.embedded import EmbeddedPostgres
+from nexarch_events.db.migrations import migrate
 from nexarch_events.errors import DatabaseUnavailable
-from nexarch_events.migrations import migrate
 from nexarch_events.models import JobType, NewJob
-from nexarch_events.queue import Queue
+from nexarch_events.queue.jobs import Queue
 from nexarch_events.service import QueueService
 from nexarch_events.settings import QueueSettings, Settings
 from tests.support.handlers import Effect, make_handlers, read_effects

@@ -75,7 +75,7 @@ async def test_claim_stays_cheap_on_a_backlog_without_statistics(db: Database) -
 async def test_api_reads_of_finished_jobs_use_the_finished_index(db: Database) -> None:
     """GET /queue's throughput and the event stream's start read finished
     jobs by time: an index range, not a scan of every job ever finished."""
-    from nexarch_events import sqlfiles
+    from nexarch_events.db import sqlfiles
 
     await db.execute("""
         INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, status, attempts,

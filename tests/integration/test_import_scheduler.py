@@ -17,7 +17,7 @@ from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
 from nexarch_events.importer.scheduler import ImportScheduler
 from nexarch_events.importer.state import StateStore
 from nexarch_events.importer.sync import MailboxBusy, run_sync
-from nexarch_events.notify import IMPORT_REQUESTS_CHANNEL, Listener
+from nexarch_events.queue.notify import IMPORT_REQUESTS_CHANNEL, Listener
 from nexarch_events.settings import ImportSettings, QueueSettings
 from nexarch_events.testing import record_imports
 from tests.integration.test_importer_traps import message, messages

@@ -26,7 +26,7 @@ from nexarch_events.errors import ImapAuthError, ImapTlsError
 from nexarch_events.importer.mailboxes import MailboxConfig
 from nexarch_events.importer.state import StateStore, SyncState
 from nexarch_events.importer.sync import SyncReport, run_sync
-from nexarch_events.notify import MAIL_IMPORTED_CHANNEL
+from nexarch_events.queue.notify import MAIL_IMPORTED_CHANNEL
 from nexarch_events.testing import ImportRecorder, record_imports
 from tests.support.dovecot import Dovecot
 from tests.support.mailgen import realistic_messages

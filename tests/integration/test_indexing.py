@@ -11,13 +11,13 @@ import pytest
 import trio
 
 from nexarch_events.aio import Database
-from nexarch_events.archive import Archive, Location
 from nexarch_events.index.base import IndexBackend, SearchQuery
 from nexarch_events.index.postgres import PostgresIndex
-from nexarch_events.indexer import Indexer
+from nexarch_events.mail.archive import Archive, Location
+from nexarch_events.mail.indexer import Indexer
 from nexarch_events.models import JobStatus, JobType, NewJob
-from nexarch_events.notify import JOB_EVENTS_CHANNEL, Notification, Subscription
-from nexarch_events.queue import Queue
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.queue.notify import JOB_EVENTS_CHANNEL, Notification, Subscription
 from nexarch_events.reindex import reindex, verify
 from nexarch_events.service import QueueService
 from nexarch_events.settings import QueueSettings, Settings

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 
-from nexarch_events import sqlfiles
 from nexarch_events.aio import Database
+from nexarch_events.db import sqlfiles
+from nexarch_events.db.migrations import migrate
 from nexarch_events.errors import MigrationError
-from nexarch_events.migrations import migrate
 
 
 async def test_migrate_applies_everything_once(aio_loop: None, empty_database_url: str) -> None:

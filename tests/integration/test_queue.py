@@ -19,7 +19,8 @@ from nexarch_events.models import (
     JobType,
     NewJob,
 )
-from nexarch_events.notify import (
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.queue.notify import (
     INDEX_JOBS_CHANNEL,
     JOB_EVENTS_CHANNEL,
     RESYNC,
@@ -27,7 +28,6 @@ from nexarch_events.notify import (
     Notification,
     Subscription,
 )
-from nexarch_events.queue import Queue
 from nexarch_events.settings import QueueSettings
 
 

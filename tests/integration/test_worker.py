@@ -15,10 +15,10 @@ import trio
 from nexarch_events.aio import Database
 from nexarch_events.errors import ConfigurationError, JobFailed
 from nexarch_events.models import ClaimedJob, Failure, JobId, JobStatus, JobType, NewJob
-from nexarch_events.queue import Queue
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.queue.worker import WorkerPool, per_job
 from nexarch_events.service import QueueService
 from nexarch_events.settings import QueueSettings, Settings
-from nexarch_events.worker import WorkerPool, per_job
 
 
 class Recorder:

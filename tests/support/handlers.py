@@ -32,7 +32,7 @@ from pathlib import Path
 import trio
 
 from nexarch_events.models import ClaimedJob
-from nexarch_events.worker import BatchHandler, JobHandler, per_job
+from nexarch_events.queue.worker import BatchHandler, JobHandler, per_job
 
 EFFECTS_ENV = "NEXARCH_TEST_EFFECTS"
 

@@ -1,7 +1,7 @@
 """The scripted IMAP server for the tests: it lives in the package now
-(``nexarch_events.imap_server``, also the demo's sample server)."""
+(``nexarch_events.testing.imap_server``, also the demo's sample server)."""
 
-from nexarch_events.imap_server import (
+from nexarch_events.testing.imap_server import (
     Faults,
     ScriptedImapServer,
     ScriptedMessage,

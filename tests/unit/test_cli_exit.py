@@ -8,7 +8,8 @@ import os
 
 import pytest
 
-from nexarch_events import cli
+from nexarch_events.cli import app as cli
+from nexarch_events.cli import service as service_commands
 
 
 class Records(logging.Handler):
@@ -24,7 +25,7 @@ def test_a_bug_exits_70_with_the_traceback_logged(monkeypatch: pytest.MonkeyPatc
     def broken(*_args: object) -> int:
         raise RuntimeError("a part crashed")
 
-    monkeypatch.setattr(cli, "cmd_config_check", broken)
+    monkeypatch.setattr(service_commands, "cmd_config_check", broken)
     for key in [k for k in os.environ if k.startswith("NEXARCH_")]:
         monkeypatch.delenv(key)
     # The CLI owns the root logger's handlers; listen on its own logger.
@@ -47,5 +48,5 @@ def test_errors_inside_exception_groups_keep_their_exit_codes(
     def unreachable(*_args: object) -> int:
         raise ExceptionGroup("nursery", [DatabaseUnavailable("connection refused")])
 
-    monkeypatch.setattr(cli, "cmd_config_check", unreachable)
+    monkeypatch.setattr(service_commands, "cmd_config_check", unreachable)
     assert cli.main(["config", "check"]) == cli.EXIT_UNAVAILABLE

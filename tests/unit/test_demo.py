@@ -15,12 +15,17 @@ from datetime import UTC, datetime
 
 import pytest
 
-from nexarch_events import mime
 from nexarch_events.demo import Tracker, run_demo, status_page_url
 from nexarch_events.errors import ConfigurationError
-from nexarch_events.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, RESYNC, Notification
-from nexarch_events.samples import sample_mail, sample_mails
+from nexarch_events.mail import mime
+from nexarch_events.queue.notify import (
+    JOB_EVENTS_CHANNEL,
+    MAIL_IMPORTED_CHANNEL,
+    RESYNC,
+    Notification,
+)
 from nexarch_events.settings import ApiSettings, Settings
+from nexarch_events.testing.samples import sample_mail, sample_mails
 
 SENT = datetime(2026, 3, 2, 9, 30, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from nexarch_events import notify
+from nexarch_events.queue import notify
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from nexarch_events.errors import NexarchError
-from nexarch_events.mime import (
+from nexarch_events.mail.mime import (
     DEFAULT_MAX_TEXT_CHARS,
     MAX_ATTACHMENT_NAMES,
     MAX_DEPTH,

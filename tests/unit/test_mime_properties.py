@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from nexarch_events.mime import (
+from nexarch_events.mail.mime import (
     DEFAULT_MAX_TEXT_CHARS,
     MimeError,
     ParsedMessage,

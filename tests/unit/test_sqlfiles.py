@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nexarch_events import sqlfiles
+from nexarch_events.db import sqlfiles
 
 PACKAGE = Path(__file__).resolve().parents[2] / "nexarch_events"
 
@@ -28,15 +28,18 @@ def test_queue_queries_exist() -> None:
 
 
 def test_every_query_the_code_names_exists() -> None:
+    """Each ``X_SQL = sqlfiles.queries("f.sql")`` and every ``X_SQL["name"]``
+    a module uses: the name must be in that file (a module may load several)."""
     checked = 0
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
-        loaded = re.search(r'_SQL = sqlfiles\.queries\("([a-z_]+\.sql)"\)', text)
-        used = set(re.findall(r'_SQL\["([a-z_]+)"\]', text))
+        loaded = dict(re.findall(r'\b(\w*_SQL) = sqlfiles\.queries\("([a-z_]+\.sql)"\)', text))
+        used = re.findall(r'\b(\w*_SQL)\["([a-z_]+)"\]', text)
         if not used:
             continue
-        assert loaded, f"{path.name} uses _SQL without loading a file"
-        assert used <= set(sqlfiles.queries(loaded.group(1))), path.name
+        for variable, name in used:
+            assert variable in loaded, f"{path.name} uses {variable} without loading a file"
+            assert name in sqlfiles.queries(loaded[variable]), f"{path.name}: {variable}[{name!r}]"
         checked += 1
     assert checked >= 3
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import trio
 
-from nexarch_events.notify import RESYNC, Notification, Subscription
+from nexarch_events.queue.notify import RESYNC, Notification, Subscription
 
 
 def note(n: int) -> Notification:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trio.testing
 
-from nexarch_events.worker import WakeUps
+from nexarch_events.queue.worker import WakeUps
 
 
 async def idle_workers(wakeups: WakeUps, n: int, nursery: trio.Nursery,

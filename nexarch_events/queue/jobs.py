@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import cast
 
-from . import sqlfiles
-from .aio import Executor, Row
-from .errors import DatabaseError, InvalidJobError, JobNotFound, NoJobAvailable
-from .models import (
+from ..aio import Executor, Row
+from ..db import sqlfiles
+from ..errors import DatabaseError, InvalidJobError, JobNotFound, NoJobAvailable
+from ..models import (
     DEFAULT_MAX_ATTEMPTS,
     AckResult,
     ClaimedJob,
@@ -34,7 +34,7 @@ from .models import (
     RequeueResult,
     validate_tenant_slug,
 )
-from .settings import QueueSettings
+from ..settings import QueueSettings
 
 _SQL = sqlfiles.queries("queue.sql")
 

@@ -14,9 +14,9 @@ import logging
 
 import trio
 
-from .errors import DatabaseUnavailable
-from .queue import Queue
-from .settings import QueueSettings
+from ..errors import DatabaseUnavailable
+from ..settings import QueueSettings
+from .jobs import Queue
 from .worker import WakeUps
 
 log = logging.getLogger(__name__)

@@ -18,13 +18,14 @@ from collections.abc import Mapping, Sequence
 
 import trio
 
-from . import mime, sqlfiles
-from .aio import Database
+from ..aio import Database
+from ..db import sqlfiles
+from ..errors import DatabaseUnavailable
+from ..index.base import IndexBackend, IndexDocument, IndexRejected, IndexUnavailable
+from ..models import ClaimedJob, Failure, JobId
+from ..queue.worker import BatchHandler
+from . import mime
 from .archive import Archive, StoredMessage
-from .errors import DatabaseUnavailable
-from .index.base import IndexBackend, IndexDocument, IndexRejected, IndexUnavailable
-from .models import ClaimedJob, Failure, JobId
-from .worker import BatchHandler
 
 log = logging.getLogger(__name__)
 _SQL = sqlfiles.queries("archive.sql")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import logging
 
+from ..aio import Database
+from ..errors import MigrationError
 from . import sqlfiles
-from .aio import Database
-from .errors import MigrationError
 
 log = logging.getLogger(__name__)
 

@@ -58,9 +58,9 @@ from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_tz
 from html import unescape
 
-from .errors import NexarchError
-from .index.base import IndexDocument
-from .models import MAX_MESSAGE_ID_LENGTH
+from ..errors import NexarchError
+from ..index.base import IndexDocument
+from ..models import MAX_MESSAGE_ID_LENGTH
 
 __all__ = [
     "DEFAULT_MAX_TEXT_CHARS",

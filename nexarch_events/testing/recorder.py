@@ -8,7 +8,7 @@ them, wait for them, and assert on their order.
         recorder.assert_in_uid_order()
 
 With pytest (and pytest-trio) the ``nexarch_import_recorder`` fixture does the
-same (``nexarch_events.pytest_plugin``; it needs ``nexarch_database_url``).
+same (``nexarch_events.testing.pytest_plugin``; it needs ``nexarch_database_url``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import trio
 
-from .models import JSONObject
-from .notify import MAIL_IMPORTED_CHANNEL, Listener, Notification
-from .settings import QueueSettings
+from ..models import JSONObject
+from ..queue.notify import MAIL_IMPORTED_CHANNEL, Listener, Notification
+from ..settings import QueueSettings
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from .aio import open_loop
-from .testing import ImportRecorder, record_imports
+from ..aio import open_loop
+from .recorder import ImportRecorder, record_imports
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from . import sqlfiles
-from .aio import Database
-from .errors import InvalidJobError
-from .models import JobId, validate_tenant_slug
+from ..aio import Database
+from ..db import sqlfiles
+from ..errors import InvalidJobError
+from ..models import JobId, validate_tenant_slug
 
 _SQL = sqlfiles.queries("archive.sql")
 

@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import trio
 
-from .aio import Connection, Database
-from .errors import ConfigurationError, DatabaseUnavailable, JobFailed
-from .metrics import Metrics
-from .models import AckResult, ClaimedJob, Failure, JobId, JobType
-from .queue import Queue
-from .settings import QueueSettings
+from ..aio import Connection, Database
+from ..errors import ConfigurationError, DatabaseUnavailable, JobFailed
+from ..metrics import Metrics
+from ..models import AckResult, ClaimedJob, Failure, JobId, JobType
+from ..settings import QueueSettings
+from .jobs import Queue
 
 log = logging.getLogger(__name__)
 

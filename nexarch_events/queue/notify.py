@@ -23,10 +23,10 @@ from typing import Final, cast
 
 import trio
 
-from .aio import ListenConnection
-from .errors import DatabaseError, DatabaseUnavailable
-from .models import JSONObject
-from .settings import QueueSettings
+from ..aio import ListenConnection
+from ..errors import DatabaseError, DatabaseUnavailable
+from ..models import JSONObject
+from ..settings import QueueSettings
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,142 @@
+"""``nexarch-events``: argv and environment -> settings -> run.
+
+Exit codes: 0 success; 1 an operation failed (e.g. job not found);
+2 bad usage or configuration; 3 the database is unreachable;
+70 internal error (a bug: the traceback is logged; please report it);
+130 interrupted before a clean shutdown could start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import (
+    ConfigurationError,
+    DatabaseUnavailable,
+    InvalidJobError,
+    JobNotFound,
+    MigrationError,
+    NexarchError,
+)
+from ..settings import Settings
+from . import mail, mailbox, queue, service
+from .common import (
+    EXIT_BUG,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    database_url,
+    log,
+)
+
+__all__ = ["EXIT_BUG", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_UNAVAILABLE",
+           "EXIT_USAGE", "build_parser", "main"]
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line (NEXARCH_LOG_FORMAT=json)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                 "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure_logging(level: str, fmt: str = "kv") -> None:
+    """Structured lines on stderr: key=value (default) or JSON."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
+        "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    from ..config import load_settings
+
+    settings = load_settings(args.config)
+    overrides: dict[str, Any] = {}
+    for name in ("workers", "batch_size"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides[name] = value
+    if overrides:
+        settings = settings.with_queue(**overrides)
+    return settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nexarch-events",
+        description="Mail archive indexing queue on Postgres LISTEN/NOTIFY. The database is "
+                    "NEXARCH_DATABASE_URL, or an embedded Postgres in NEXARCH_DATA_DIR "
+                    "(default .nexarch) when unset.")
+    parser.add_argument("--log-level", default=os.environ.get("NEXARCH_LOG_LEVEL", "info"))
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML configuration (default: $NEXARCH_CONFIG); NEXARCH_* "
+                             "variables override it")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    for group in (service, queue, mail, mailbox):
+        group.register(sub)
+    return parser
+
+
+def leaf_errors(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups: trio wraps whatever
+    crosses a nursery, and the CLI reports the errors themselves."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaf_errors(inner)]
+    return [exc]
+
+
+def exit_code(exc: BaseException) -> tuple[int, str] | None:
+    """(exit code, message) for an error the CLI reports; None for a bug."""
+    if isinstance(exc, (ConfigurationError, InvalidJobError)):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, DatabaseUnavailable):
+        return EXIT_UNAVAILABLE, f"database unreachable: {exc}"
+    if isinstance(exc, (JobNotFound, MigrationError, NexarchError)):
+        return EXIT_FAILED, str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    try:
+        settings = _settings(args)
+        configure_logging(args.log_level, settings.log_format)
+        if not getattr(args, "needs_database", True):
+            code0: int = args.fn(args, settings, "")
+            return code0
+        with database_url(settings) as url:
+            code: int = args.fn(args, settings, url)
+            return code
+    except BaseException as exc:
+        leaves = leaf_errors(exc)
+        reported = [exit_code(leaf) for leaf in leaves]
+        if not leaves or any(r is None for r in reported):
+            if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+                raise
+            log.critical("internal error, stopping (this is a bug; please report it "
+                         "with this traceback)", exc_info=exc)
+            return EXIT_BUG
+        worst = max(r for r in reported if r is not None)
+        for _, message in {r for r in reported if r is not None}:
+            print(f"nexarch-events: {message}", file=sys.stderr)
+        return worst[0]

@@ -1,0 +1,123 @@
+"""What the command modules share: exit codes, running a coroutine
+against the database, and small formatting helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeAlias
+
+from ..aio import Database
+from ..aio import run as aio_run
+from ..errors import ConfigurationError
+from ..settings import Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+#: An exception nobody expected: a bug. The traceback is logged.
+EXIT_BUG = 70
+
+#: What ``add_subparsers`` returns; every command module's ``register`` takes it.
+Subparsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+log = logging.getLogger("nexarch_events")
+
+
+@contextmanager
+def database_url(settings: Settings) -> Iterator[str]:
+    """The configured URL, or the embedded server in ``data_dir`` (started
+    if it is not running, and stopped again afterwards if we started it)."""
+    if settings.database_url:
+        yield settings.database_url
+        return
+    from ..db.embedded import EmbeddedPostgres
+
+    data = Path(settings.data_dir) / "postgres"
+    port_file = Path(settings.data_dir) / "postgres.port"
+    port = int(port_file.read_text()) if port_file.exists() else None
+    server = EmbeddedPostgres(data, port=port)
+    started_here = not server.is_running()
+    if started_here:
+        log.info("starting embedded Postgres data_dir=%s port=%d", data, server.port)
+        try:
+            server.start()
+        except BaseException:
+            # E.g. Ctrl-C mid-start: do not leave a server behind.
+            server.stop("immediate")
+            raise
+        port_file.write_text(str(server.port))
+    try:
+        yield server.url()
+    finally:
+        if started_here:
+            server.stop()
+
+
+def with_index(url: str, settings: Settings, fn: Callable[[Any, Any], Any]) -> Any:
+    """Run ``fn(db, backend)`` with a pool and the configured index backend."""
+    from ..index.factory import open_index
+
+    async def go() -> Any:
+        async with Database.open(url, max_size=4) as db, open_index(settings, db) as backend:
+            return await fn(db, backend)
+
+    return aio_run(go)
+
+
+def queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
+    from ..queue.jobs import Queue
+
+    async def go() -> Any:
+        async with Database.open(url, max_size=1) as db:
+            return await fn(Queue(db, settings.queue))
+
+    return aio_run(go)
+
+
+def registry_call(url: str, fn: Callable[[Any], Any]) -> Any:
+    from ..importer.mailboxes import MailboxRegistry
+
+    async def go() -> Any:
+        async with Database.open(url, max_size=1) as db:
+            return await fn(MailboxRegistry(db))
+
+    return aio_run(go)
+
+
+def jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def parse_date(value: str | None, option: str) -> Any:
+    from datetime import UTC, datetime
+
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConfigurationError(f"{option} {value!r} is not a date (YYYY-MM-DD[THH:MM])") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def progress_bar(label: str) -> Callable[[int, int, int], None]:
+    last = [0.0]
+
+    def show(done: int, failed: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < 0.1:
+            return
+        last[0] = now
+        width = 30
+        filled = width * done // max(total, 1)
+        bar = "#" * filled + "." * (width - filled)
+        tail = f" ({failed} failed)" if failed else ""
+        print(f"\r{label} [{bar}] {done}/{total}{tail}", end="" if done < total else "\n",
+              file=sys.stderr, flush=True)
+
+    return show

@@ -1,0 +1,127 @@
+"""Archive and search commands: archive, search, reindex, verify-index."""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..settings import Settings
+from .common import EXIT_FAILED, EXIT_OK, Subparsers, jsonable, parse_date, progress_bar, with_index
+
+
+def cmd_archive(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..mail.archive import Archive
+
+    files = [Path(f) for f in args.files]
+    for path in files:
+        if not path.is_file():
+            raise ConfigurationError(f"archive: {path} is not a file")
+
+    async def go(db: Any, backend: Any) -> None:
+        archive = Archive(db)
+        for path in files:
+            stored = await archive.store(args.tenant, path.read_bytes())
+            state = "archived" if stored.created else "already archived"
+            print(f"{path}\t{state}\tarchive_id={stored.archive_id}"
+                  + (f"\tindex_job={stored.job_id}" if stored.job_id else ""))
+
+    with_index(url, settings, go)
+    return EXIT_OK
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..index.base import InvalidQuery, SearchQuery
+
+    try:
+        query = SearchQuery(args.tenant, args.query, sender=args.sender,
+                            date_from=parse_date(args.since, "--since"),
+                            date_to=parse_date(args.until, "--until"),
+                            mailbox=args.mailbox, limit=args.limit, offset=args.offset)
+    except InvalidQuery as exc:
+        raise ConfigurationError(f"search: {exc}") from exc
+
+    async def go(db: Any, backend: Any) -> Any:
+        return await backend.search(query)
+
+    result = with_index(url, settings, go)
+    if args.json:
+        print(json.dumps({"total": result.total, "hits": [jsonable(asdict(h))
+                                                          for h in result.hits]}, indent=2))
+        return EXIT_OK
+    shown = f"{args.offset + 1}-{args.offset + len(result.hits)}" if result.hits else "none"
+    print(f"{result.total} match(es), showing {shown}")
+    for hit in result.hits:
+        when = hit.sent_at.strftime("%Y-%m-%d") if hit.sent_at else "----------"
+        print(f"{hit.archive_id:>10}  {when}  {hit.sender[:40]:<40}  {hit.subject[:80]}")
+        snippet = hit.snippet.replace("<mark>", "[").replace("</mark>", "]")
+        print(f"{'':>12}{html.unescape(snippet)[:160]}")
+    return EXIT_OK
+
+
+def cmd_reindex(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..reindex import reindex
+
+    async def go(db: Any, backend: Any) -> Any:
+        return await reindex(db, settings, backend, args.tenant,
+                             progress=progress_bar(f"reindex {args.tenant}"))
+
+    result = with_index(url, settings, go)
+    print(f"reindexed tenant {result.tenant_slug}: {result.indexed} message(s) indexed, "
+          f"{result.removed} stale document(s) removed, {result.failed} failed")
+    return EXIT_OK if result.failed == 0 else EXIT_FAILED
+
+
+def cmd_verify_index(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..mail.archive import Archive
+    from ..reindex import verify
+
+    async def go(db: Any, backend: Any) -> Any:
+        tenants = [args.tenant] if args.tenant else await Archive(db).tenants()
+        return [await verify(db, backend, tenant) for tenant in tenants]
+
+    reports = with_index(url, settings, go)
+    consistent = True
+    for report in reports:
+        consistent &= report.consistent
+        print(f"{report.tenant_slug}: {report.archived} archived, {report.indexed} indexed, "
+              f"{len(report.missing)} missing, {len(report.extra)} extra"
+              + ("" if report.consistent else "  <- run: nexarch-events reindex --tenant "
+                 + report.tenant_slug))
+        for label, ids in (("missing", report.missing), ("extra", report.extra)):
+            if ids:
+                print(f"  {label}: {' '.join(map(str, ids[:20]))}"
+                      + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else ""))
+    return EXIT_OK if consistent else EXIT_FAILED
+
+
+def register(sub: Subparsers) -> None:
+    archive = sub.add_parser("archive", help="archive .eml files for a tenant (and index them)")
+    archive.add_argument("--tenant", required=True)
+    archive.add_argument("files", nargs="+")
+    archive.set_defaults(fn=cmd_archive)
+
+    search = sub.add_parser("search", help="search a tenant's mail")
+    search.add_argument("--tenant", required=True)
+    search.add_argument("query", help='words, "phrases", -exclude, OR')
+    search.add_argument("--sender", help="only mail from this address")
+    search.add_argument("--since", help="sent at or after (YYYY-MM-DD[THH:MM], UTC)")
+    search.add_argument("--until", help="sent before")
+    search.add_argument("--mailbox", help="only mail seen in this mailbox")
+    search.add_argument("--limit", type=int, default=20)
+    search.add_argument("--offset", type=int, default=0)
+    search.add_argument("--json", action="store_true", help="machine-readable output")
+    search.set_defaults(fn=cmd_search)
+
+    reindex = sub.add_parser("reindex", help="rebuild a tenant's index from the archive")
+    reindex.add_argument("--tenant", required=True)
+    reindex.set_defaults(fn=cmd_reindex)
+
+    verify = sub.add_parser("verify-index",
+                            help="report documents missing from or extra in the index")
+    verify.add_argument("--tenant", help="one tenant (default: every tenant in the archive)")
+    verify.set_defaults(fn=cmd_verify_index)

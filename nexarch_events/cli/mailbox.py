@@ -1,0 +1,193 @@
+"""``mailbox``: register IMAP mailboxes and manage their import."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from ..errors import ConfigurationError
+from ..settings import Settings
+from .common import EXIT_OK, Subparsers, jsonable, registry_call
+
+
+def cmd_mailbox_add(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..importer import secrets
+    from ..importer.mailboxes import MailboxConfig
+
+    given = [x for x in (args.password_env, args.password_file, args.password_stdin) if x]
+    if len(given) != 1:
+        raise ConfigurationError("mailbox add: give exactly one of --password-env NAME, "
+                                 "--password-file PATH or --password-stdin")
+    if args.password_env:
+        ref = secrets.reference_env(args.password_env)
+    elif args.password_file:
+        ref = secrets.reference_file(os.path.abspath(args.password_file))
+    else:
+        ref = secrets.seal(sys.stdin.readline().rstrip("\r\n"), settings.secret_key)
+    port = args.port or (993 if args.tls == "implicit" else 143)
+    config = MailboxConfig(tenant_slug=args.tenant, name=args.name, host=args.host, port=port,
+                           tls_mode=args.tls, username=args.user, password_ref=ref,
+                           folder=args.folder, ca_file=args.ca_file,
+                           use_idle=not args.no_idle)
+    mailbox_id = registry_call(url, lambda r: r.add(config, interval_seconds=args.interval))
+    print(f"registered mailbox {args.tenant}/{args.name} id={mailbox_id}")
+    return EXIT_OK
+
+
+def cmd_mailbox_list(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    rows = registry_call(url, lambda r: r.list(args.tenant))
+    if args.json:
+        print(json.dumps([jsonable(row) for row in rows], indent=2))
+        return EXIT_OK
+    print(f"{'TENANT/NAME':<32} {'SERVER':<28} {'UIDVAL':>10} {'LAST UID':>9} "
+          f"{'EVERY':>6} {'IMPORTED':>8}  STATE")
+    for row in rows:
+        state = "error: " + row["last_error"][:60] if row["last_error"] else (
+            "warning: " + row["warning"][:60] if row["warning"] else "ok")
+        print(f"{row['tenant_slug'] + '/' + row['name']:<32} "
+              f"{row['host'] + ':' + str(row['port']):<28} {row['last_uidvalidity'] or 0:>10} "
+              f"{row['last_synced_uid'] or 0:>9} {row['interval_seconds'] or 0:>5}s "
+              f"{row['imported_total'] or 0:>8}  {state}")
+    return EXIT_OK
+
+
+def cmd_mailbox_set_interval(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..importer.state import StateStore
+
+    async def go(registry: Any) -> None:
+        await registry.get(args.tenant, args.name)
+        await StateStore(registry.db).set_interval(args.tenant, args.name, args.seconds)
+
+    registry_call(url, go)
+    print(f"{args.tenant}/{args.name}: sync every {args.seconds} s")
+    return EXIT_OK
+
+
+def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..importer import secrets
+    from ..importer.state import StateStore
+    from ..importer.sync import run_sync
+
+    if args.request:
+        async def request(registry: Any) -> None:
+            await StateStore(registry.db).request_sync(args.tenant, args.name)
+
+        registry_call(url, request)
+        print(f"{args.tenant}/{args.name}: sync requested from running importers")
+        return EXIT_OK
+
+    async def go(registry: Any) -> Any:
+        from ..db.migrations import migrate
+
+        await migrate(registry.db)
+        config = await registry.get(args.tenant, args.name)
+        password = secrets.resolve(config.password_ref, key=settings.secret_key)
+        return await run_sync(url, config, password, imap_timeout=settings.importer.imap_timeout,
+                              lock_wait=settings.importer.lock_wait)
+
+    report = registry_call(url, go)
+    print(json.dumps({"mailbox": f"{args.tenant}/{args.name}", "mode": report.mode,
+                      "uidvalidity": report.uidvalidity, "imported": report.imported,
+                      "duplicates": report.duplicates, "recovered": report.recovered,
+                      "failed": report.failed, "last_synced_uid": report.last_synced_uid,
+                      "warning": report.warning}))
+    return EXIT_OK
+
+
+def cmd_mailbox_enable(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    enabled = args.mailbox_command == "enable"
+    registry_call(url, lambda r: r.set_enabled(args.tenant, args.name, enabled))
+    print(f"{args.tenant}/{args.name}: import {'enabled' if enabled else 'paused'} "
+          "(running services pick this up within NEXARCH_IMPORT_RELOAD_INTERVAL)")
+    return EXIT_OK
+
+
+def cmd_mailbox_failures(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..importer.state import StateStore
+
+    async def go(registry: Any) -> Any:
+        await registry.get(args.tenant, args.name)
+        return await StateStore(registry.db).failures(args.tenant, args.name)
+
+    rows = [dict(r) for r in registry_call(url, go)]
+    if args.json:
+        print(json.dumps(jsonable(rows), indent=2))
+        return EXIT_OK
+    print(f"{len(rows)} message(s) the server did not hand over (retried by every run, "
+          "up to 10 attempts)")
+    for r in rows:
+        print(f"  UIDVALIDITY {r['uidvalidity']} UID {r['uid']}: {r['attempts']} attempt(s), "
+              f"last {r['last_failed_at']:%Y-%m-%d %H:%M}: {r['last_error']}")
+    return EXIT_OK
+
+
+def cmd_mailbox_remove(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    registry_call(url, lambda r: r.remove(args.tenant, args.name))
+    print(f"removed mailbox {args.tenant}/{args.name} (archived mail stays)")
+    return EXIT_OK
+
+
+def cmd_mailbox_new_key(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..importer import secrets
+
+    print(secrets.new_key())
+    return EXIT_OK
+
+
+def register(sub: Subparsers) -> None:
+    mailbox = sub.add_parser("mailbox", help="register and manage IMAP mailboxes")
+    msub = mailbox.add_subparsers(dest="mailbox_command", required=True)
+    add = msub.add_parser("add", help="register a mailbox to import")
+    add.add_argument("tenant")
+    add.add_argument("name", help="your name for it, unique per tenant (e.g. alice-inbox)")
+    add.add_argument("--host", required=True)
+    add.add_argument("--port", type=int, help="default 993 (implicit TLS) or 143")
+    add.add_argument("--tls", choices=["implicit", "starttls", "plain"], default="implicit",
+                     help="certificates are verified; plain only on a trusted network")
+    add.add_argument("--ca-file", help="PEM file of the CA to trust instead of the system's")
+    add.add_argument("--user", required=True)
+    add.add_argument("--password-env", metavar="NAME",
+                     help="read the password from this variable of the service's environment")
+    add.add_argument("--password-file", metavar="PATH", help="read the password from this file")
+    add.add_argument("--password-stdin", action="store_true",
+                     help="read it from stdin and store it sealed (needs "
+                          "NEXARCH_SECRET_KEY_FILE)")
+    add.add_argument("--folder", default="INBOX", help="IMAP folder (default INBOX)")
+    add.add_argument("--interval", type=int, default=300, help="seconds between syncs")
+    add.add_argument("--no-idle", action="store_true", help="never hold an IDLE connection")
+    add.set_defaults(fn=cmd_mailbox_add)
+    lst = msub.add_parser("list", help="registered mailboxes with their sync state")
+    lst.add_argument("--tenant")
+    lst.add_argument("--json", action="store_true")
+    lst.set_defaults(fn=cmd_mailbox_list)
+    interval = msub.add_parser("set-interval", help="change how often a mailbox is synced")
+    interval.add_argument("tenant")
+    interval.add_argument("name")
+    interval.add_argument("seconds", type=int)
+    interval.set_defaults(fn=cmd_mailbox_set_interval)
+    now = msub.add_parser("sync-now", help="sync a mailbox now, in this process")
+    now.add_argument("tenant")
+    now.add_argument("name")
+    now.add_argument("--request", action="store_true",
+                     help="only ask the running service to sync it now")
+    now.set_defaults(fn=cmd_mailbox_sync_now)
+    for verb, text in (("enable", "resume importing a paused mailbox"),
+                       ("disable", "pause importing a mailbox (its state is kept)")):
+        toggle = msub.add_parser(verb, help=text)
+        toggle.add_argument("tenant")
+        toggle.add_argument("name")
+        toggle.set_defaults(fn=cmd_mailbox_enable)
+    failures = msub.add_parser("failures", help="messages the server did not hand over")
+    failures.add_argument("tenant")
+    failures.add_argument("name")
+    failures.add_argument("--json", action="store_true")
+    failures.set_defaults(fn=cmd_mailbox_failures)
+    remove = msub.add_parser("remove", help="unregister a mailbox (archived mail stays)")
+    remove.add_argument("tenant")
+    remove.add_argument("name")
+    remove.set_defaults(fn=cmd_mailbox_remove)
+    msub.add_parser("new-key", help="print a new key for NEXARCH_SECRET_KEY_FILE").set_defaults(
+        fn=cmd_mailbox_new_key, needs_database=False)

@@ -1,0 +1,85 @@
+"""Queue commands: enqueue, status, stats, requeue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from typing import Any
+
+from ..errors import ConfigurationError, InvalidJobError, JobNotFound
+from ..settings import Settings
+from .common import EXIT_OK, Subparsers, jsonable, queue_call
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except ValueError as exc:
+        raise InvalidJobError(f"--payload is not valid JSON: {exc}") from exc
+
+    async def go(queue: Any) -> int:
+        if args.job_type == "index":
+            return int(await queue.enqueue_index(args.tenant, args.message_id, payload))
+        return int(await queue.enqueue_delete(args.tenant, args.message_id))
+
+    print(queue_call(url, settings, go))
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    async def go(queue: Any) -> Any:
+        return await queue.status(args.job_id, tenant_slug=args.tenant)
+
+    job = queue_call(url, settings, go)
+    print(json.dumps(jsonable(asdict(job)), indent=2))
+    return EXIT_OK
+
+
+def cmd_stats(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    async def go(queue: Any) -> Any:
+        return await queue.stats()
+
+    stats = queue_call(url, settings, go)
+    print(json.dumps({"counts": {str(k): v for k, v in stats.counts.items()},
+                      "oldest_ready_age_s": stats.oldest_ready_age_s}, indent=2))
+    return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    if args.job_id is None and not args.all and args.tenant is None and args.job_type is None:
+        raise ConfigurationError("requeue: give a job id, or --tenant/--job-type, or --all")
+
+    async def go(queue: Any) -> Any:
+        return await queue.requeue_failed(job_id=args.job_id, tenant_slug=args.tenant,
+                                          job_type=args.job_type)
+
+    result = queue_call(url, settings, go)
+    print(json.dumps({"requeued": list(result.requeued),
+                      "superseded": list(result.superseded)}))
+    if args.job_id is not None and not result.requeued and not result.superseded:
+        raise JobNotFound(f"no failed job with id {args.job_id}")
+    return EXIT_OK
+
+
+def register(sub: Subparsers) -> None:
+    enqueue = sub.add_parser("enqueue", help="enqueue one job; prints its id")
+    enqueue.add_argument("job_type", choices=["index", "delete"])
+    enqueue.add_argument("--tenant", required=True)
+    enqueue.add_argument("--message-id", required=True)
+    enqueue.add_argument("--payload", default="{}", help="JSON object (index jobs)")
+    enqueue.set_defaults(fn=cmd_enqueue)
+
+    status = sub.add_parser("status", help="a job's status as JSON")
+    status.add_argument("job_id", type=int)
+    status.add_argument("--tenant", help="only find the job within this tenant")
+    status.set_defaults(fn=cmd_status)
+
+    sub.add_parser("stats", help="counts per status, oldest ready age").set_defaults(fn=cmd_stats)
+
+    requeue = sub.add_parser("requeue", help="re-queue failed jobs")
+    requeue.add_argument("job_id", type=int, nargs="?")
+    requeue.add_argument("--tenant")
+    requeue.add_argument("--job-type", choices=["index", "delete"])
+    requeue.add_argument("--all", action="store_true", help="every failed job")
+    requeue.set_defaults(fn=cmd_requeue)
