@@ -1,0 +1,145 @@
+"""The whole message: the top-level header section read and decoded
+(headers.py, addresses.py, dates.py), the parts below it walked
+(parts.py), the result assembled into a ``ParsedMessage``; and the index's
+view of it (``to_index_document``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from ...errors import NexarchError
+from ...index.base import IndexDocument
+from .addresses import Address, addresses
+from .dates import header_date
+from .headers import TOP_FIELDS, message_id, note_header_caps, read_headers, subject
+from .limits import DEFAULT_MAX_TEXT_CHARS
+from .notes import Notes
+from .parts import walk
+
+__all__ = ["MimeError", "ParsedMessage", "parse_message", "to_index_document"]
+
+_NON_SPACE = re.compile(rb"\S")
+_CONTROL = bytes(c for c in range(32) if c not in b"\t\n\r\f") + b"\x7f"
+
+
+class MimeError(NexarchError, ValueError):
+    """The input is not a mail message at all (empty, or binary without
+    header fields), or it could not be parsed within our limits. The message
+    names the problem. Retrying cannot help: the job should fail for good."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedMessage:
+    subject: str
+    from_: tuple[Address, ...]
+    to: tuple[Address, ...]
+    cc: tuple[Address, ...]
+    #: Timezone-aware UTC, clamped into [1970-01-01, now + 1 day]; None if
+    #: absent or unparseable.
+    date: datetime | None
+    message_id: str | None
+    #: The text/plain parts joined; else the HTML parts reduced to text.
+    body: str
+    attachment_names: tuple[str, ...]
+    #: Text of text/* attachments and attached messages (not the body).
+    attachment_text: str
+    #: What was repaired or capped, human-readable.
+    notes: tuple[str, ...]
+
+
+def parse_message(raw: bytes, *, max_text_chars: int = DEFAULT_MAX_TEXT_CHARS,
+                  now: datetime | None = None) -> ParsedMessage:
+    """Parse one RFC 5322 message.
+
+    Pure computation: blocks on nothing, holds no reference to ``raw``
+    afterwards, and the caller owns the returned value. ``now`` (aware)
+    is the reference for clamping future dates; default: the current time.
+
+    Raises ``MimeError`` (and nothing else) for input that is not a message.
+    ``ValueError``/``TypeError`` mean the *arguments* are wrong (a caller bug),
+    never the message.
+    """
+    if isinstance(raw, bytearray | memoryview):
+        raw = bytes(raw)
+    if not isinstance(raw, bytes):
+        raise TypeError(f"raw must be bytes, got {type(raw).__name__}")
+    if isinstance(max_text_chars, bool) or not isinstance(max_text_chars, int) \
+            or max_text_chars < 1:
+        raise ValueError(f"max_text_chars must be a positive int, got {max_text_chars!r}")
+    if now is None:
+        now = datetime.now(UTC)
+    elif now.tzinfo is None:
+        raise ValueError("now must carry a time zone")
+    if not raw:
+        raise MimeError("empty message (0 bytes)")
+    if _NON_SPACE.search(raw) is None:
+        raise MimeError(f"empty message ({len(raw)} bytes of whitespace only)")
+    try:
+        return _parse(raw, max_text_chars, now.astimezone(UTC))
+    except MimeError:
+        raise
+    except (RecursionError, MemoryError) as exc:
+        raise MimeError(f"message of {len(raw)} bytes could not be parsed within the "
+                        f"limits ({type(exc).__name__})") from exc
+    except Exception as exc:
+        # A bug of ours, not the message's fault; but one message must never
+        # take the worker down. The property tests look for this wording.
+        raise MimeError(f"unexpected error parsing message of {len(raw)} bytes: "
+                        f"{type(exc).__name__}: {exc}") from exc
+
+
+def _parse(raw: bytes, max_chars: int, now: datetime) -> ParsedMessage:
+    """parse_message once the arguments are checked; the stages run in
+    this order, which is also the order of the notes."""
+    notes = Notes()
+    if raw.find(b"\n", 0, 8192) < 0 and raw.find(b"\r", 0, 8192) >= 0:
+        raw = raw.replace(b"\r", b"\n")
+        notes.add("message has CR line endings; read as LF")
+    fields, body_start, has_fields, too_many, truncated = read_headers(
+        raw, 0, len(raw), TOP_FIELDS)
+    if not has_fields:
+        if _is_binary(raw[body_start:body_start + 4096]):
+            raise MimeError(f"not a mail message: {len(raw)} bytes of binary data "
+                            f"without header fields")
+        notes.add("message has no header fields; read as plain text")
+    note_header_caps(notes, too_many, truncated)
+    subject_text = subject(fields, notes)
+    from_ = addresses(fields, b"from", notes)
+    to = addresses(fields, b"to", notes)
+    cc = addresses(fields, b"cc", notes)
+    date = header_date(fields, now, notes)
+    mid = message_id(fields, notes)
+    contents = walk(raw, body_start, fields, max_chars, notes)
+    return ParsedMessage(
+        subject=subject_text, from_=from_, to=to, cc=cc, date=date, message_id=mid,
+        body=contents.body, attachment_names=contents.attachment_names,
+        attachment_text=contents.attachment_text, notes=notes.result())
+
+
+def _is_binary(sample: bytes) -> bool:
+    if b"\x00" in sample:
+        return True
+    controls = len(sample) - len(sample.translate(None, _CONTROL))
+    return controls * 10 > len(sample)
+
+
+def to_index_document(parsed: ParsedMessage, *, archive_id: int, tenant_slug: str,
+                      mailboxes: tuple[str, ...] = (), size_bytes: int = 0) -> IndexDocument:
+    """The index's view of a parsed message. Raises ValueError/InvalidJobError
+    for a bad archive id or tenant slug (argument errors, not message ones)."""
+    return IndexDocument(
+        archive_id=archive_id,
+        tenant_slug=tenant_slug,
+        subject=parsed.subject,
+        sender=", ".join(a.display() for a in parsed.from_),
+        sender_addresses=tuple(a.address.lower() for a in parsed.from_ if a.address),
+        recipients=", ".join(a.display() for a in parsed.to + parsed.cc),
+        body=parsed.body,
+        attachment_names=parsed.attachment_names,
+        attachment_text=parsed.attachment_text,
+        sent_at=parsed.date,
+        mailboxes=mailboxes,
+        size_bytes=size_bytes,
+    )
