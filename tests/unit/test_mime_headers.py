@@ -214,16 +214,20 @@ def test_part_header_reads_type_disposition_encoding_and_name() -> None:
         b"content-disposition": [b" attachment; filename==?utf-8?q?r=C3=A9sum=C3=A9?=.htm"],
         b"content-transfer-encoding": [b" Base64 "],
     }
-    header = part_header(fields, "text/plain", "part 2", Notes())
-    assert header.ctype == "text/html"
-    assert header.params == {"charset": "ISO-8859-1", "name": "x.htm"}
-    assert (header.disposition, header.cte, header.filename) == (
-        "attachment", "base64", "résumé.htm")
+    assert part_header(fields, "text/plain", "part 2", Notes()) == (
+        "text/html", {"charset": "ISO-8859-1", "name": "x.htm"}, "attachment", "base64",
+        "résumé.htm")
+
+
+def test_part_header_file_name_falls_back_to_the_type_name() -> None:
+    fields = {b"content-type": [b" application/pdf; name==?utf-8?q?=C3=A4?=.pdf"]}
+    assert part_header(fields, "text/plain", "part 2", Notes())[4] == "ä.pdf"
 
 
 def test_part_header_defaults_and_invalid_type() -> None:
     notes = Notes()
-    assert part_header({}, "message/rfc822", "part 1", notes).ctype == "message/rfc822"
+    assert part_header({}, "message/rfc822", "part 1", notes) == (
+        "message/rfc822", {}, "", "", "")
     header = part_header({b"content-type": [b" nonsense"]}, "message/rfc822", "part 3", notes)
-    assert header.ctype == "text/plain"
+    assert header[0] == "text/plain"
     assert notes.result() == ("invalid Content-Type 'nonsense' in part 3; read as text/plain",)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from .addresses import addresses
 from .charsets import decode_text
@@ -45,9 +46,9 @@ _META_CHARSET = re.compile(rb"""<meta[^>]{0,512}?charset\s*=\s*["']?\s*([A-Za-z0
                            re.I)
 
 
-@dataclass(frozen=True, slots=True)
-class Contents:
-    """What the walk found below the top-level header section."""
+class Contents(NamedTuple):
+    """What the walk found below the top-level header section. (A named
+    tuple: cheaper to build than a frozen dataclass, and as immutable.)"""
 
     #: The text/plain parts joined; else the HTML parts reduced to text.
     body: str
@@ -296,12 +297,12 @@ class _Walker:
             note_header_caps(self.notes, too_many, truncated, f" in {container}")
             if job.message_root:
                 job.ctx.headers_text = _attached_headers_text(fields, self.notes)
-        header = part_header(fields, job.default_type, where, self.notes)
-        ctype, filename, cte = header.ctype, header.filename, header.cte
+        ctype, params, disposition, cte, filename = part_header(fields, job.default_type,
+                                                                where, self.notes)
         maintype, _, subtype = ctype.partition("/")
 
         if maintype == "multipart":
-            if self.split_multipart(job, start, header.params.get("boundary", ""), ctype,
+            if self.split_multipart(job, start, params.get("boundary", ""), ctype,
                                     container, stack):
                 return
             maintype, subtype = "text", "plain"
@@ -320,8 +321,8 @@ class _Walker:
             self.add_name(filename)
         if maintype != "text":
             return  # binary content is never decoded
-        charset = header.params.get("charset", "")
-        attachment = header.disposition == "attachment" or bool(filename)
+        charset = params.get("charset", "")
+        attachment = disposition == "attachment" or bool(filename)
         ctx = job.ctx
         if not attachment and subtype == "html":
             ctx.html.append((_Job(job.buf, start, job.end, None, path, job.depth, ctx,
