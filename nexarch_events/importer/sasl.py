@@ -16,6 +16,7 @@ import base64
 import binascii
 import json
 import re
+from dataclasses import dataclass, field
 
 from ..errors import ImapAuthError
 
@@ -73,3 +74,21 @@ def describe_failure(challenge: str) -> str:
              if key in value]
     text = ", ".join(parts) if parts else "no detail"
     return "the server refused the token (" + re.sub(r"[^\x20-\x7e]", " ", text) + ")"
+
+
+@dataclass(frozen=True, slots=True)
+class OAuthLogin:
+    """An OAuth2 sign-in for ``ImapSession.open_sasl``: the user and a
+    current access token (from ``oauth.TokenSource``)."""
+
+    username: str
+    token: str = field(repr=False)
+
+    def credential(self, capabilities: frozenset[str], host: str, port: int
+                   ) -> tuple[str, str, str]:
+        mechanism = choose_mechanism(capabilities)
+        return (mechanism, initial_response(mechanism, user=self.username, token=self.token,
+                                            host=host, port=port), FAILURE_ACK[mechanism])
+
+    def describe_failure(self, challenge: str) -> str:
+        return describe_failure(challenge)

@@ -11,7 +11,9 @@ expire, so sign-in code is tested against the wire rather than a mock:
         assert endpoint.is_valid(token)
 
 Tokens are random; ``is_valid`` is what a scripted IMAP server asks when a
-client authenticates with one.
+client authenticates with one. A real IMAP server asks over HTTP: the
+endpoint also answers RFC 7662 token introspection at ``introspection_url``
+(Dovecot's oauth2 passdb with ``introspection_mode = post``).
 """
 
 from __future__ import annotations
@@ -42,9 +44,15 @@ class TokenEndpoint:
     #: Answer every request with this HTTP status (e.g. 503) instead.
     fail_status: int | None = None
     retry_after: int | None = None
+    #: Whose tokens these are: what the introspection endpoint reports as
+    #: ``username`` (an IMAP server validating a token asks it).
+    subject: str = "alice"
     #: Every request's form fields, in order (secrets included: a test tool).
     requests: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
+    introspection_url: str = ""
+    #: Introspection requests answered (tokens a server checked).
+    introspections: int = 0
     _tokens: set[str] = field(default_factory=set)
 
     def is_valid(self, token: str) -> bool:
@@ -61,6 +69,7 @@ class TokenEndpoint:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         port = listeners[0].socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}/oauth2/token"
+        self.introspection_url = f"http://127.0.0.1:{port}/oauth2/introspect"
         async with trio.open_nursery() as nursery:
             nursery.start_soon(trio.serve_listeners, self._connection, listeners)
             task_status.started(self.url)
@@ -90,6 +99,12 @@ class TokenEndpoint:
     def _answer(self, request: h11.Request, body: bytes
                 ) -> tuple[int, list[tuple[str, str]], dict[str, object]]:
         form = dict(urllib.parse.parse_qsl(body.decode("utf-8", "replace")))
+        if request.target.startswith(b"/oauth2/introspect"):
+            self.introspections += 1
+            token = form.get("token", "")
+            if not self.is_valid(token):
+                return 200, [], {"active": False}
+            return 200, [], {"active": True, "username": self.subject, "token_type": "Bearer"}
         self.requests.append(form)
         if request.method != b"POST" or not request.target.startswith(b"/oauth2/token"):
             return 404, [], {"error": "not_found"}
