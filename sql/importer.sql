@@ -91,12 +91,16 @@ SELECT pg_notify('nexarch_import_requests',
 -- name: mailbox_add
 -- Register a mailbox and create its sync state with the given interval.
 -- $1 tenant, $2 name, $3 host, $4 port, $5 tls mode, $6 CA file, $7 user,
--- $8 password reference, $9 folder, $10 use IDLE, $11 interval seconds.
+-- $8 password reference, $9 folder, $10 use IDLE, $11 interval seconds,
+-- $12 auth method, $13-$17 OAuth token URL, client id, secret reference,
+-- refresh token reference, scope (NULL for password sign-in).
 WITH mailbox AS (
     INSERT INTO mail_import_mailboxes
            (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
-            folder, use_idle)
-    VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10::boolean)
+            folder, use_idle, auth_method, oauth_token_url, oauth_client_id,
+            oauth_secret_ref, oauth_refresh_ref, oauth_scope)
+    VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10::boolean, $12, $13, $14, $15,
+            $16, $17)
     RETURNING id, tenant_slug, name
 ),
 state AS (

@@ -58,8 +58,10 @@ class SaslLogin(Protocol):
     importer's OAuth2 credentials): it picks its mechanism from the server's
     capabilities and says what the server's error challenge meant."""
 
-    #: For error messages: who signs in (never a secret).
-    username: str
+    @property
+    def username(self) -> str:
+        """For error messages: who signs in (never a secret)."""
+        ...
 
     def credential(self, capabilities: frozenset[str], host: str, port: int
                    ) -> tuple[str, str, str]:

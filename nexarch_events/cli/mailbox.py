@@ -13,27 +13,69 @@ from ..settings import Settings
 from .common import EXIT_OK, Subparsers, jsonable, registry_call
 
 
-def cmd_mailbox_add(args: argparse.Namespace, settings: Settings, url: str) -> int:
+def _secret_ref(option: str, env: str | None, file: str | None, stdin: bool,
+                settings: Settings, *, required: bool) -> str | None:
+    """A reference for the secret given by ``--<option>-env|-file|-stdin``
+    (at most one; exactly one if ``required``). Stdin secrets are sealed."""
     from ..importer import secrets
-    from ..importer.mailboxes import MailboxConfig
 
-    given = [x for x in (args.password_env, args.password_file, args.password_stdin) if x]
-    if len(given) != 1:
-        raise ConfigurationError("mailbox add: give exactly one of --password-env NAME, "
-                                 "--password-file PATH or --password-stdin")
-    if args.password_env:
-        ref = secrets.reference_env(args.password_env)
-    elif args.password_file:
-        ref = secrets.reference_file(os.path.abspath(args.password_file))
+    given = [x for x in (env, file, stdin) if x]
+    if len(given) > 1 or (required and not given):
+        raise ConfigurationError(f"mailbox add: give {'exactly' if required else 'at most'} "
+                                 f"one of --{option}-env NAME, --{option}-file PATH or "
+                                 f"--{option}-stdin")
+    if env:
+        return secrets.reference_env(env)
+    if file:
+        return secrets.reference_file(os.path.abspath(file))
+    if stdin:
+        return secrets.seal(sys.stdin.readline().rstrip("\r\n"), settings.secret_key)
+    return None
+
+
+def cmd_mailbox_add(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..importer.mailboxes import MailboxConfig
+    from ..importer.oauth import OAuthClient
+
+    oauth_given = [name for name in ("oauth_token_url", "oauth_client_id", "oauth_secret_env",
+                                     "oauth_secret_file", "oauth_secret_stdin",
+                                     "oauth_refresh_token_env", "oauth_refresh_token_file",
+                                     "oauth_refresh_token_stdin", "oauth_scope")
+                   if getattr(args, name)]
+    oauth = None
+    ref = None
+    if args.auth == "password":
+        if oauth_given:
+            raise ConfigurationError(f"mailbox add: --{oauth_given[0].replace('_', '-')} "
+                                     "needs --auth oauth2")
+        ref = _secret_ref("password", args.password_env, args.password_file,
+                          args.password_stdin, settings, required=True)
     else:
-        ref = secrets.seal(sys.stdin.readline().rstrip("\r\n"), settings.secret_key)
+        if args.password_env or args.password_file or args.password_stdin:
+            raise ConfigurationError("mailbox add: --auth oauth2 signs in with a token, "
+                                     "not a password; leave out --password-*")
+        if not args.oauth_token_url or not args.oauth_client_id:
+            raise ConfigurationError("mailbox add: --auth oauth2 needs --oauth-token-url "
+                                     "and --oauth-client-id")
+        # Stdin: the client secret's line first, then the refresh token's.
+        oauth = OAuthClient(
+            token_url=args.oauth_token_url, client_id=args.oauth_client_id,
+            client_secret_ref=_secret_ref("oauth-secret", args.oauth_secret_env,
+                                          args.oauth_secret_file, args.oauth_secret_stdin,
+                                          settings, required=False),
+            refresh_token_ref=_secret_ref("oauth-refresh-token", args.oauth_refresh_token_env,
+                                          args.oauth_refresh_token_file,
+                                          args.oauth_refresh_token_stdin, settings,
+                                          required=False),
+            scope=args.oauth_scope)
     port = args.port or (993 if args.tls == "implicit" else 143)
     config = MailboxConfig(tenant_slug=args.tenant, name=args.name, host=args.host, port=port,
                            tls_mode=args.tls, username=args.user, password_ref=ref,
                            folder=args.folder, ca_file=args.ca_file,
-                           use_idle=not args.no_idle)
+                           use_idle=not args.no_idle, oauth=oauth)
     mailbox_id = registry_call(url, lambda r: r.add(config, interval_seconds=args.interval))
-    print(f"registered mailbox {args.tenant}/{args.name} id={mailbox_id}")
+    print(f"registered mailbox {args.tenant}/{args.name} id={mailbox_id} "
+          f"(sign-in: {config.auth_method})")
     return EXIT_OK
 
 
@@ -67,7 +109,6 @@ def cmd_mailbox_set_interval(args: argparse.Namespace, settings: Settings, url: 
 
 
 def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from ..importer import secrets
     from ..importer.state import StateStore
     from ..importer.sync import run_sync
 
@@ -81,12 +122,17 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
 
     async def go(registry: Any) -> Any:
         from ..db.migrations import migrate
+        from ..importer.signin import SignIn
 
         await migrate(registry.db)
         config = await registry.get(args.tenant, args.name)
-        password = secrets.resolve(config.password_ref, key=settings.secret_key)
-        return await run_sync(url, config, password, imap_timeout=settings.importer.imap_timeout,
-                              lock_wait=settings.importer.lock_wait)
+        sign_in = SignIn(config, secret_key=settings.secret_key)
+        try:
+            return await run_sync(url, config, sign_in,
+                                  imap_timeout=settings.importer.imap_timeout,
+                                  lock_wait=settings.importer.lock_wait)
+        finally:
+            await sign_in.aclose()
 
     report = registry_call(url, go)
     print(json.dumps({"mailbox": f"{args.tenant}/{args.name}", "mode": report.mode,
@@ -155,6 +201,20 @@ def register(sub: Subparsers) -> None:
     add.add_argument("--password-stdin", action="store_true",
                      help="read it from stdin and store it sealed (needs "
                           "NEXARCH_SECRET_KEY_FILE)")
+    add.add_argument("--auth", choices=["password", "oauth2"], default="password",
+                     help="sign in with a password (default) or an OAuth2 token "
+                          "(Microsoft 365, Gmail; see the README)")
+    add.add_argument("--oauth-token-url", metavar="URL",
+                     help="the provider's token endpoint (https)")
+    add.add_argument("--oauth-client-id", metavar="ID")
+    add.add_argument("--oauth-scope", metavar="SCOPES", help="space-separated scopes")
+    for option, what in (("oauth-secret", "the OAuth client secret"),
+                         ("oauth-refresh-token", "the OAuth refresh token")):
+        add.add_argument(f"--{option}-env", metavar="NAME",
+                         help=f"read {what} from this variable of the service's environment")
+        add.add_argument(f"--{option}-file", metavar="PATH", help=f"read {what} from this file")
+        add.add_argument(f"--{option}-stdin", action="store_true",
+                         help=f"read {what} from stdin and store it sealed")
     add.add_argument("--folder", default="INBOX", help="IMAP folder (default INBOX)")
     add.add_argument("--interval", type=int, default=300, help="seconds between syncs")
     add.add_argument("--no-idle", action="store_true", help="never hold an IDLE connection")

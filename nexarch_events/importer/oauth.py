@@ -185,6 +185,13 @@ class TokenSource:
             return None
         return self._token.expires_at - self._clock()
 
+    def seconds_until_refresh(self) -> float | None:
+        """How long until the cached token is due to be replaced (None: none
+        cached); a session signed in with it should end by then."""
+        if self._token is None:
+            return None
+        return self._token.refresh_at - self._clock()
+
     async def token(self) -> str:
         """A valid access token: the cached one, or a new one from the
         endpoint. Raises ``OAuthRefused`` / ``OAuthUnavailable``; within the
