@@ -227,6 +227,14 @@ class ImapSession:
                     limit: float | None = None) -> list[ReplyPart]:
         return await self._ok(self._fetch, seq_set, items, False, limit=limit)
 
+    async def list_folders(self) -> list[ReplyPart]:
+        """``LIST "" "*"``: every folder, with its special use (RFC 6154)
+        where the server can return it (LIST-EXTENDED)."""
+        args = ['""', '"*"']
+        if {"SPECIAL-USE", "LIST-EXTENDED"} <= self.capabilities:
+            args.append("RETURN (SPECIAL-USE)")
+        return await self._ok(self._command_async, "LIST", *args)
+
     async def noop(self) -> list[ReplyPart]:
         return await self._ok(self._command_async, "NOOP")
 

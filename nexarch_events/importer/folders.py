@@ -37,7 +37,10 @@ DEFAULT_EXCLUDED_PATTERNS = (
     "Junk Email", "Spam", "Bulk Mail", "Drafts", "Papierkorb", "Gelöschte Elemente",
     "Gelöschte Objekte", "Junk-E-Mail", "Entwürfe",
 )
-_LIST = re.compile(rb"^LIST \(([^)]*)\) (NIL|\"(?:[^\"\\]|\\.)\") ?(.*)$", re.IGNORECASE | re.S)
+# The boundary hands over the untagged lines without "* " and, for LIST,
+# aioimaplib also drops the keyword: both forms are read.
+_LIST = re.compile(rb"^(?:LIST )?\(([^)]*)\) (NIL|\"(?:[^\"\\]|\\.)\") ?(.*)$",
+                   re.IGNORECASE | re.S)
 _LITERAL = re.compile(rb"^\{(\d+)\+?\}$")
 _ATOM = re.compile(rb"^([^\s(){%*\"\\\]]+)")
 _QUOTED = re.compile(rb'^"((?:[^"\\]|\\.)*)"')

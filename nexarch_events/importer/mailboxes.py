@@ -149,10 +149,11 @@ class MailboxRegistry:
         return [{k: v for k, v in dict(row).items() if not k.endswith("_ref")} for row in rows]
 
     async def scheduled(self) -> Sequence[tuple[MailboxConfig, bool]]:
-        """Enabled mailboxes, each with whether a "sync now" is pending."""
+        """Enabled mailboxes, each with whether a "sync now" is pending. An
+        account's folder that its last discovery did not find is left out."""
         rows = await self.db.fetch(_SQL["mailbox_list"], None)
         return [(MailboxConfig.from_row(r), r["sync_requested_at"] is not None)
-                for r in rows if r["enabled"]]
+                for r in rows if r["enabled"] and r["folder_gone_at"] is None]
 
     async def set_enabled(self, tenant_slug: str, name: str, enabled: bool) -> None:
         """Pause or resume a mailbox's import (its state is kept)."""

@@ -77,6 +77,15 @@ def test_names_as_atoms_literals_and_with_extended_data() -> None:
     ]
 
 
+def test_lines_without_the_list_keyword_as_the_boundary_hands_them_over() -> None:
+    parts: list[bytes | bytearray] = [b'(\\HasNoChildren) "/" Sent',
+                                      b'(\\Noselect \\HasChildren) "/" Projekte',
+                                      b'(\\HasNoChildren) "/" Projekte/&ANw-bersicht']
+    assert [(f.name, f.wire_name) for f in parse_list(parts)] == [
+        ("Sent", "Sent"), ("Projekte", "Projekte"),
+        ("Projekte/Übersicht", "Projekte/&ANw-bersicht")]
+
+
 def test_a_literal_that_never_came_is_an_error() -> None:
     with pytest.raises(ImapProtocolError):
         parse_list([b'LIST () "/" {5}'])
