@@ -93,14 +93,15 @@ SELECT pg_notify('nexarch_import_requests',
 -- $1 tenant, $2 name, $3 host, $4 port, $5 tls mode, $6 CA file, $7 user,
 -- $8 password reference, $9 folder, $10 use IDLE, $11 interval seconds,
 -- $12 auth method, $13-$17 OAuth token URL, client id, secret reference,
--- refresh token reference, scope (NULL for password sign-in).
+-- refresh token reference, scope, $18 certificate reference (NULL for
+-- password sign-in).
 WITH mailbox AS (
     INSERT INTO mail_import_mailboxes
            (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
             folder, use_idle, auth_method, oauth_token_url, oauth_client_id,
-            oauth_secret_ref, oauth_refresh_ref, oauth_scope)
+            oauth_secret_ref, oauth_refresh_ref, oauth_scope, oauth_certificate_ref)
     VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10::boolean, $12, $13, $14, $15,
-            $16, $17)
+            $16, $17, $18)
     RETURNING id, tenant_slug, name
 ),
 state AS (
@@ -204,13 +205,14 @@ RETURNING id;
 -- $1 tenant, $2 name, $3 host, $4 port, $5 tls, $6 CA file, $7 user, $8 auth
 -- method, $9 password ref, $10-$14 OAuth token URL, client id, secret ref,
 -- refresh ref, scope, $15 use IDLE, $16 interval, $17 exclude patterns (NULL:
--- defaults), $18 include patterns, $19 all-mail-only.
+-- defaults), $18 include patterns, $19 all-mail-only, $20 certificate ref.
 INSERT INTO mail_import_accounts
        (tenant_slug, name, host, port, tls_mode, ca_file, username, auth_method, password_ref,
         oauth_token_url, oauth_client_id, oauth_secret_ref, oauth_refresh_ref, oauth_scope,
-        use_idle, interval_seconds, exclude_patterns, include_patterns, all_mail_only)
+        use_idle, interval_seconds, exclude_patterns, include_patterns, all_mail_only,
+        oauth_certificate_ref)
 VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::boolean,
-        $16::int, $17::text[], $18::text[], $19::boolean)
+        $16::int, $17::text[], $18::text[], $19::boolean, $20)
 RETURNING id;
 
 -- name: account_get
@@ -241,11 +243,12 @@ found AS (
     INSERT INTO mail_import_mailboxes AS m
            (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
             folder, use_idle, auth_method, oauth_token_url, oauth_client_id,
-            oauth_secret_ref, oauth_refresh_ref, oauth_scope, account_id)
+            oauth_secret_ref, oauth_refresh_ref, oauth_scope, oauth_certificate_ref,
+            account_id)
     SELECT acc.tenant_slug, f.mailbox, acc.host, acc.port, acc.tls_mode, acc.ca_file,
            acc.username, acc.password_ref, f.folder, acc.use_idle, acc.auth_method,
            acc.oauth_token_url, acc.oauth_client_id, acc.oauth_secret_ref,
-           acc.oauth_refresh_ref, acc.oauth_scope, acc.id
+           acc.oauth_refresh_ref, acc.oauth_scope, acc.oauth_certificate_ref, acc.id
       FROM acc, unnest($2::text[], $3::text[]) AS f(folder, mailbox)
     ON CONFLICT (tenant_slug, name) DO UPDATE
        SET host = EXCLUDED.host, port = EXCLUDED.port, tls_mode = EXCLUDED.tls_mode,
@@ -256,7 +259,8 @@ found AS (
            oauth_client_id = EXCLUDED.oauth_client_id,
            oauth_secret_ref = EXCLUDED.oauth_secret_ref,
            oauth_refresh_ref = EXCLUDED.oauth_refresh_ref,
-           oauth_scope = EXCLUDED.oauth_scope, folder_gone_at = NULL
+           oauth_scope = EXCLUDED.oauth_scope,
+           oauth_certificate_ref = EXCLUDED.oauth_certificate_ref, folder_gone_at = NULL
      WHERE m.account_id = EXCLUDED.account_id
     RETURNING m.name, m.folder, (xmax = 0) AS created
 ),

@@ -16,17 +16,20 @@ if TYPE_CHECKING:  # imported where used: the CLI starts without the importer
     from ..importer.oauth import OAuthClient
 
 
-def _secret_ref(option: str, env: str | None, file: str | None, stdin: bool,
+def _secret_ref(option: str, env: str | None, file: str | None, stdin: bool | None,
                 settings: Settings, *, required: bool) -> str | None:
     """A reference for the secret given by ``--<option>-env|-file|-stdin``
-    (at most one; exactly one if ``required``). Stdin secrets are sealed."""
+    (at most one; exactly one if ``required``; ``stdin`` None: the option has
+    no stdin form). Stdin secrets are sealed."""
     from ..importer import secrets
 
     given = [x for x in (env, file, stdin) if x]
     if len(given) > 1 or (required and not given):
-        raise ConfigurationError(f"mailbox add: give {'exactly' if required else 'at most'} "
-                                 f"one of --{option}-env NAME, --{option}-file PATH or "
-                                 f"--{option}-stdin")
+        forms = [f"--{option}-env NAME", f"--{option}-file PATH"]
+        if stdin is not None:
+            forms.append(f"--{option}-stdin")
+        raise ConfigurationError(f"give {'exactly' if required else 'at most'} one of "
+                                 + ", ".join(forms))
     if env:
         return secrets.reference_env(env)
     if file:
@@ -45,7 +48,8 @@ def sign_in_from_args(args: argparse.Namespace, settings: Settings, command: str
     oauth_given = [name for name in ("oauth_token_url", "oauth_client_id", "oauth_secret_env",
                                      "oauth_secret_file", "oauth_secret_stdin",
                                      "oauth_refresh_token_env", "oauth_refresh_token_file",
-                                     "oauth_refresh_token_stdin", "oauth_scope")
+                                     "oauth_refresh_token_stdin", "oauth_scope",
+                                     "oauth_certificate_env", "oauth_certificate_file")
                    if getattr(args, name)]
     if args.auth == "password":
         if oauth_given:
@@ -69,6 +73,9 @@ def sign_in_from_args(args: argparse.Namespace, settings: Settings, command: str
                                       args.oauth_refresh_token_file,
                                       args.oauth_refresh_token_stdin, settings,
                                       required=False),
+        client_certificate_ref=_secret_ref("oauth-certificate", args.oauth_certificate_env,
+                                           args.oauth_certificate_file, None, settings,
+                                           required=False),
         scope=args.oauth_scope)
 
 
@@ -104,6 +111,11 @@ def add_sign_in_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"read {what} from this file")
         parser.add_argument(f"--{option}-stdin", action="store_true",
                             help=f"read {what} from stdin and store it sealed")
+    parser.add_argument("--oauth-certificate-env", metavar="NAME",
+                        help="instead of a client secret: a PEM with the client's RSA key "
+                             "and certificate, from this variable")
+    parser.add_argument("--oauth-certificate-file", metavar="PATH",
+                        help="instead of a client secret: that PEM, from this file")
     parser.add_argument("--interval", type=int, default=300, help="seconds between syncs")
     parser.add_argument("--no-idle", action="store_true", help="never hold an IDLE connection")
 

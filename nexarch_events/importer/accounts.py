@@ -104,7 +104,8 @@ class AccountConfig:
                                 client_id=row["oauth_client_id"],
                                 client_secret_ref=row["oauth_secret_ref"],
                                 refresh_token_ref=row["oauth_refresh_ref"],
-                                scope=row["oauth_scope"])
+                                scope=row["oauth_scope"],
+                                client_certificate_ref=row["oauth_certificate_ref"])
         exclude = row["exclude_patterns"]
         return cls(tenant_slug=row["tenant_slug"], name=row["name"], host=row["host"],
                    port=row["port"], tls_mode=row["tls_mode"], username=row["username"],
@@ -158,7 +159,8 @@ class AccountRegistry:
                 o and o.refresh_token_ref, o and o.scope, account.use_idle,
                 account.interval_seconds,
                 None if account.exclude_patterns is None else list(account.exclude_patterns),
-                list(account.include_patterns), account.all_mail_only)
+                list(account.include_patterns), account.all_mail_only,
+                o and o.client_certificate_ref)
         except DatabaseError as exc:
             if exc.constraint == "mail_import_accounts_name_per_tenant":
                 raise ConfigurationError(f"tenant {account.tenant_slug!r} already has an "

@@ -75,7 +75,8 @@ class MailboxConfig:
                                 client_id=row["oauth_client_id"],
                                 client_secret_ref=row["oauth_secret_ref"],
                                 refresh_token_ref=row["oauth_refresh_ref"],
-                                scope=row["oauth_scope"])
+                                scope=row["oauth_scope"],
+                                client_certificate_ref=row["oauth_certificate_ref"])
         return cls(tenant_slug=row["tenant_slug"], name=row["name"], host=row["host"],
                    port=row["port"], tls_mode=row["tls_mode"], username=row["username"],
                    password_ref=row["password_ref"], folder=row["folder"],
@@ -107,7 +108,7 @@ class MailboxRegistry:
                 config.tls_mode, config.ca_file, config.username, config.password_ref,
                 config.folder, config.use_idle, interval_seconds, config.auth_method,
                 o and o.token_url, o and o.client_id, o and o.client_secret_ref,
-                o and o.refresh_token_ref, o and o.scope)
+                o and o.refresh_token_ref, o and o.scope, o and o.client_certificate_ref)
         except DatabaseError as exc:
             if exc.constraint == "mail_import_mailboxes_name_per_tenant":
                 raise ConfigurationError(

@@ -3,7 +3,9 @@
 Two grants of RFC 6749 are supported, chosen by what is configured:
 
 - ``client_credentials`` (section 4.4): app-only access, e.g. Microsoft 365
-  with an application registered in Entra ID (client id + client secret).
+  with an application registered in Entra ID (client id + client secret, or
+  a certificate: the client then proves itself with a signed JWT assertion,
+  RFC 7523 section 2.2, as Entra ID documents for certificate credentials).
 - ``refresh_token`` (section 6): delegated access, e.g. Gmail or a Microsoft
   user who consented once; the refresh token is a long-lived secret.
 
@@ -25,16 +27,23 @@ appear in an error message or a log line.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import ipaddress
 import json
 import logging
 import re
 import ssl
+import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import httpx
 import trio
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 from ..errors import ConfigurationError, OAuthRefused, OAuthUnavailable
 from . import secrets
@@ -60,6 +69,9 @@ _REFUSALS = frozenset({"invalid_grant", "invalid_client", "unauthorized_client",
                        "invalid_scope", "unsupported_grant_type", "invalid_request",
                        "access_denied", "consent_required", "interaction_required"})
 _SHOWN = re.compile(r"[^\x20-\x7e]+")
+CLIENT_ASSERTION_TYPE = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
+#: How long a client assertion is valid (Entra ID accepts up to 10 minutes).
+ASSERTION_LIFETIME_S = 300
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,16 +90,24 @@ class OAuthClient:
     scope: str | None = None
     #: PEM bundle to trust for the token endpoint instead of the system's.
     ca_file: str | None = None
+    #: A secret reference to a PEM holding the client's private key (RSA) and
+    #: its certificate: signs a JWT client assertion instead of a secret.
+    client_certificate_ref: str | None = None
 
     def __post_init__(self) -> None:
         check_token_url(self.token_url)
         if not self.client_id or len(self.client_id) > 512 or _SHOWN.search(self.client_id):
             raise ConfigurationError("the OAuth client id must be 1-512 printable characters")
-        if self.refresh_token_ref is None and self.client_secret_ref is None:
+        if self.refresh_token_ref is None and self.client_secret_ref is None \
+                and self.client_certificate_ref is None:
             raise ConfigurationError(
-                "OAuth sign-in needs a client secret (client-credentials grant) or a "
-                "refresh token (refresh-token grant); give --oauth-secret-env/-file or "
+                "OAuth sign-in needs a client secret or certificate (client-credentials "
+                "grant) or a refresh token (refresh-token grant); give "
+                "--oauth-secret-env/-file, --oauth-certificate-env/-file or "
                 "--oauth-refresh-token-env/-file")
+        if self.client_secret_ref is not None and self.client_certificate_ref is not None:
+            raise ConfigurationError("give the OAuth client a secret or a certificate, "
+                                     "not both")
 
     @property
     def grant(self) -> str:
@@ -232,6 +252,11 @@ class TokenSource:
         form = {"client_id": c.client_id, "grant_type": c.grant}
         if c.client_secret_ref:
             form["client_secret"] = self._secret(c.client_secret_ref)
+        if c.client_certificate_ref:
+            form["client_assertion_type"] = CLIENT_ASSERTION_TYPE
+            form["client_assertion"] = client_assertion(
+                self._secret(c.client_certificate_ref), client_id=c.client_id,
+                audience=c.token_url)
         if c.refresh_token_ref:
             form["refresh_token"] = self._rotated_refresh_token or self._secret(
                 c.refresh_token_ref)
@@ -321,3 +346,36 @@ def _retry_after(value: str | None) -> float:
     if value and value.strip().isascii() and value.strip().isdigit():
         return float(value.strip())
     return 0.0
+
+
+def client_assertion(pem: str, *, client_id: str, audience: str,
+                     now: float | None = None) -> str:
+    """A JWT (RS256) asserting ``client_id`` to the token endpoint
+    ``audience``, signed with the private key in ``pem`` and naming its
+    certificate by SHA-1 and SHA-256 thumbprint (``x5t``, ``x5t#S256``), as
+    Entra ID's certificate credentials expect. ``pem`` holds both the key and
+    the certificate. The claims use the wall clock, which the endpoint checks."""
+    try:
+        key = serialization.load_pem_private_key(pem.encode(), password=None)
+        cert = x509.load_pem_x509_certificate(pem.encode())
+    except ValueError:
+        raise ConfigurationError("the OAuth client certificate must be a PEM with an "
+                                 "unencrypted private key and its certificate") from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise ConfigurationError("the OAuth client certificate's key must be an RSA key")
+    der = cert.public_bytes(serialization.Encoding.DER)
+    issued = int(time.time() if now is None else now)
+    header = {"alg": "RS256", "typ": "JWT",
+              # SHA-1 here names the certificate (x5t); it protects nothing.
+              "x5t": _b64url(hashlib.sha1(der).digest()),
+              "x5t#S256": _b64url(hashlib.sha256(der).digest())}
+    claims = {"aud": audience, "iss": client_id, "sub": client_id, "jti": str(uuid.uuid4()),
+              "iat": issued, "nbf": issued, "exp": issued + ASSERTION_LIFETIME_S}
+    signing_input = (_b64url(json.dumps(header, separators=(",", ":")).encode()) + "."
+                     + _b64url(json.dumps(claims, separators=(",", ":")).encode()))
+    signature = key.sign(signing_input.encode(), padding.PKCS1v15(), hashes.SHA256())
+    return signing_input + "." + _b64url(signature)
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")

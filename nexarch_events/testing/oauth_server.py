@@ -18,13 +18,19 @@ endpoint also answers RFC 7662 token introspection at ``introspection_url``
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 
 import h11
 import trio
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
 
 @dataclass
@@ -47,6 +53,10 @@ class TokenEndpoint:
     #: Whose tokens these are: what the introspection endpoint reports as
     #: ``username`` (an IMAP server validating a token asks it).
     subject: str = "alice"
+    #: A PEM certificate: the client may prove itself with a JWT assertion
+    #: signed by its key (RFC 7523) instead of the secret; the signature,
+    #: audience, issuer and lifetime are checked.
+    client_certificate: str | None = None
     #: Every request's form fields, in order (secrets included: a test tool).
     requests: list[dict[str, str]] = field(default_factory=list)
     url: str = ""
@@ -119,7 +129,7 @@ class TokenEndpoint:
         grant = form.get("grant_type")
         answer: dict[str, object]
         if grant == "client_credentials":
-            if form.get("client_secret") != self.client_secret:
+            if not self._authenticated(form):
                 return 401, [], {"error": "invalid_client",
                                  "error_description": "client authentication failed"}
             answer = {}
@@ -139,6 +149,32 @@ class TokenEndpoint:
         self._tokens.add(token)
         answer |= {"access_token": token, "token_type": "Bearer", "expires_in": self.lifetime}
         return 200, [], answer
+
+
+    def _authenticated(self, form: dict[str, str]) -> bool:
+        if "client_assertion" not in form:
+            return form.get("client_secret") == self.client_secret
+        if self.client_certificate is None or form.get("client_assertion_type") != \
+                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer":
+            return False
+        try:
+            head, body, signature = form["client_assertion"].split(".")
+            claims = json.loads(_unb64(body))
+            public_key = x509.load_pem_x509_certificate(
+                self.client_certificate.encode()).public_key()
+            assert isinstance(public_key, rsa.RSAPublicKey)
+            public_key.verify(_unb64(signature), f"{head}.{body}".encode(),
+                              padding.PKCS1v15(), hashes.SHA256())
+        except (ValueError, AssertionError, InvalidSignature):
+            return False
+        now = time.time()
+        lifetime_ok = bool(claims.get("nbf", now) - 60 <= now < claims.get("exp", 0))
+        return (claims.get("aud") == self.url and claims.get("iss") == self.client_id
+                and claims.get("sub") == self.client_id and lifetime_ok)
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 async def _read_request(conn: h11.Connection, stream: trio.SocketStream

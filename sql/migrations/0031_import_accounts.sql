@@ -20,6 +20,7 @@ CREATE TABLE mail_import_accounts (
     oauth_secret_ref  text,
     oauth_refresh_ref text,
     oauth_scope       text,
+    oauth_certificate_ref text,
     use_idle          boolean     NOT NULL DEFAULT true,
     interval_seconds  integer     NOT NULL DEFAULT 300,
     -- NULL: the default exclusions (Trash, Junk, Drafts; see folders.py).
@@ -46,19 +47,24 @@ CREATE TABLE mail_import_accounts (
     CONSTRAINT mail_import_accounts_credentials CHECK (
         (auth_method = 'password' AND password_ref IS NOT NULL
              AND oauth_token_url IS NULL AND oauth_client_id IS NULL
-             AND oauth_secret_ref IS NULL AND oauth_refresh_ref IS NULL)
+             AND oauth_secret_ref IS NULL AND oauth_refresh_ref IS NULL
+             AND oauth_certificate_ref IS NULL)
         OR
         (auth_method = 'oauth2' AND password_ref IS NULL
              AND oauth_token_url ~ '^https?://[^[:space:]]+$' AND length(oauth_token_url) <= 2000
              AND length(oauth_client_id) BETWEEN 1 AND 512
-             AND (oauth_secret_ref IS NOT NULL OR oauth_refresh_ref IS NOT NULL))),
+             AND (oauth_secret_ref IS NOT NULL OR oauth_refresh_ref IS NOT NULL
+                  OR oauth_certificate_ref IS NOT NULL)
+             AND (oauth_secret_ref IS NULL OR oauth_certificate_ref IS NULL))),
     CONSTRAINT mail_import_accounts_secret_refs CHECK (
         (password_ref IS NULL
          OR password_ref ~ '^(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+|sealed:v1:[A-Za-z0-9_=-]+)$')
         AND (oauth_secret_ref IS NULL
          OR oauth_secret_ref ~ '^(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+|sealed:v1:[A-Za-z0-9_=-]+)$')
         AND (oauth_refresh_ref IS NULL
-         OR oauth_refresh_ref ~ '^(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+|sealed:v1:[A-Za-z0-9_=-]+)$'))
+         OR oauth_refresh_ref ~ '^(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+|sealed:v1:[A-Za-z0-9_=-]+)$')
+        AND (oauth_certificate_ref IS NULL
+         OR oauth_certificate_ref ~ '^(env:[A-Za-z_][A-Za-z0-9_]*|file:/.+|sealed:v1:[A-Za-z0-9_=-]+)$'))
 );
 
 -- A folder's mailbox belongs to its account (removed with it). A folder the

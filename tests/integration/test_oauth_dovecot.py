@@ -290,3 +290,19 @@ async def test_a_refused_token_on_the_idle_path_is_the_state_and_no_storm(
     assert state.last_error is not None
     assert state.last_error.startswith("sign-in refused by the provider")
     assert len(endpoint.requests) == 1
+
+
+async def test_a_certificate_client_is_kept_and_the_database_refuses_two_credentials(
+        db: Database, endpoint: TokenEndpoint, dovecot: Dovecot) -> None:
+    client = OAuthClient(token_url=endpoint.url, client_id="archive-app",
+                         client_certificate_ref="file:/run/secrets/archive-app.pem",
+                         scope="https://outlook.office365.com/.default")
+    config = MailboxConfig(tenant_slug="acme", name="cert", host=dovecot.host,
+                           port=dovecot.port, tls_mode="starttls", username="alice",
+                           password_ref=None, oauth=client)
+    await MailboxRegistry(db).add(config)
+    assert (await MailboxRegistry(db).get("acme", "cert")).oauth == client
+    with pytest.raises(DatabaseError) as refused:
+        await db.execute("UPDATE mail_import_mailboxes SET oauth_secret_ref = 'env:S' "
+                         "WHERE name = 'cert'")
+    assert refused.value.constraint == "mail_import_mailboxes_credentials"

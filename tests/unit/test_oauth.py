@@ -6,8 +6,11 @@ be trusted (scripted with an httpx transport)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -15,6 +18,7 @@ import trio
 
 from nexarch_events.errors import ConfigurationError, OAuthRefused, OAuthUnavailable
 from nexarch_events.importer.oauth import (
+    CLIENT_ASSERTION_TYPE,
     MIN_LIFETIME_S,
     REFUSED_FLOOR_S,
     OAuthClient,
@@ -236,3 +240,74 @@ def test_loopback_http_and_https_token_urls_are_accepted() -> None:
 def test_a_client_needs_a_secret_or_a_refresh_token() -> None:
     with pytest.raises(ConfigurationError, match="client secret"):
         OAuthClient(token_url="https://x.example/t", client_id="a")
+
+
+# -- certificate credentials (RFC 7523 client assertion, as Entra ID uses) ----
+
+def certificate_pem(common_name: str = "archive-app") -> tuple[str, str]:
+    """(key + certificate PEM, certificate PEM) of a fresh self-signed RSA key."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.x509.oid import NameOID
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.now(UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=30))
+            .sign(key, hashes.SHA256()))
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM).decode()
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    return key_pem + cert_pem, cert_pem
+
+
+def certificate_source(endpoint: TokenEndpoint, pem: str) -> TokenSource:
+    client = OAuthClient(token_url=endpoint.url, client_id="archive-app",
+                         client_certificate_ref="env:APP_CERT",
+                         scope="https://outlook.office365.com/.default")
+    return TokenSource(client, secret_key=None, clock=Clock(),
+                       environ={**ENV, "APP_CERT": pem})
+
+
+async def test_a_certificate_proves_the_client_instead_of_a_secret(
+        endpoint: TokenEndpoint) -> None:
+    both, cert = certificate_pem()
+    endpoint.client_certificate = cert
+    async with certificate_source(endpoint, both) as tokens:
+        assert endpoint.is_valid(await tokens.token())
+    [form] = endpoint.requests
+    assert "client_secret" not in form
+    assert form["client_assertion_type"] == CLIENT_ASSERTION_TYPE
+    head, body, _ = form["client_assertion"].split(".")
+    header = json.loads(base64.urlsafe_b64decode(head + "=" * (-len(head) % 4)))
+    claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    assert header["alg"] == "RS256" and header["x5t"] and header["x5t#S256"]
+    assert (claims["aud"], claims["iss"], claims["sub"]) == (endpoint.url, "archive-app",
+                                                             "archive-app")
+    assert claims["exp"] - claims["nbf"] == 300 and claims["jti"]
+
+
+async def test_a_certificate_the_provider_does_not_know_is_refused(
+        endpoint: TokenEndpoint) -> None:
+    endpoint.client_certificate = certificate_pem()[1]
+    other, _ = certificate_pem()  # another key
+    async with certificate_source(endpoint, other) as tokens:
+        with pytest.raises(OAuthRefused, match="invalid_client"):
+            await tokens.token()
+
+
+async def test_a_certificate_without_an_rsa_key_is_a_configuration_error(
+        endpoint: TokenEndpoint) -> None:
+    async with certificate_source(endpoint, "-----BEGIN NONSENSE-----") as tokens:
+        with pytest.raises(ConfigurationError, match="PEM"):
+            await tokens.token()
+    assert endpoint.requests == []
+
+
+def test_a_client_has_a_secret_or_a_certificate_not_both() -> None:
+    with pytest.raises(ConfigurationError, match="not both"):
+        OAuthClient(token_url="https://x.example/t", client_id="a", client_secret_ref="env:S",
+                    client_certificate_ref="env:C")
