@@ -71,6 +71,22 @@ class ImapAuthError(ImapError):
     """The server refused the login (wrong user or password, or no session)."""
 
 
+class OAuthRefused(ImapAuthError):
+    """The provider's token endpoint refused to issue a token (revoked or
+    expired refresh token, wrong client secret, missing consent). Retried with
+    backoff; the message carries the provider's error code, never a secret."""
+
+
+class OAuthUnavailable(ImapUnavailable):
+    """The token endpoint could not be reached, timed out, or answered with
+    something that is not a usable token (retry later, not before
+    ``retry_after`` seconds when the endpoint said so)."""
+
+    def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ImapCommandError(ImapError):
     """The server answered NO or BAD to a command."""
 

@@ -108,6 +108,7 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
     The importer and the API stop with the workers: each message's import is
     one transaction, so cancelling it mid-run loses nothing. The API's bound
     port is ``service.api_port`` once started."""
+    from .importer.accounts import AccountDiscovery
     from .importer.scheduler import ImportScheduler
 
     api = backend is not None and settings.api.enabled
@@ -131,6 +132,10 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                                             secret_key=settings.secret_key,
                                             listener=service.listener, metrics=metrics)
                 nursery.start_soon(scheduler.run)
+                # Registered accounts: their folders become mailboxes the
+                # scheduler picks up (a new folder's "sync now" wakes it).
+                nursery.start_soon(AccountDiscovery(db, settings.importer,
+                                                    secret_key=settings.secret_key).run)
             await nursery.start(_run_then_stop, service, nursery.cancel_scope)
             if api:
                 from .api import ApiContext, serve_api

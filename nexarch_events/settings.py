@@ -82,11 +82,14 @@ class ImportSettings:
     backoff_max: float = 300.0
     #: How long a run waits for another run of the same mailbox to end.
     lock_wait: float = 30.0
+    #: List the folders of every registered account this often (new,
+    #: renamed and deleted folders); also once at start.
+    discovery_interval: float = 600.0
 
     def __post_init__(self) -> None:
         _positive_int("import.idle_limit", self.idle_limit, upper=100_000)
         for name in ("idle_refresh", "imap_timeout", "reload_interval", "backoff_max",
-                     "lock_wait"):
+                     "lock_wait", "discovery_interval"):
             _positive_float(f"import.{name}", getattr(self, name))
 
 

@@ -91,12 +91,17 @@ SELECT pg_notify('nexarch_import_requests',
 -- name: mailbox_add
 -- Register a mailbox and create its sync state with the given interval.
 -- $1 tenant, $2 name, $3 host, $4 port, $5 tls mode, $6 CA file, $7 user,
--- $8 password reference, $9 folder, $10 use IDLE, $11 interval seconds.
+-- $8 password reference, $9 folder, $10 use IDLE, $11 interval seconds,
+-- $12 auth method, $13-$17 OAuth token URL, client id, secret reference,
+-- refresh token reference, scope, $18 certificate reference (NULL for
+-- password sign-in).
 WITH mailbox AS (
     INSERT INTO mail_import_mailboxes
            (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
-            folder, use_idle)
-    VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10::boolean)
+            folder, use_idle, auth_method, oauth_token_url, oauth_client_id,
+            oauth_secret_ref, oauth_refresh_ref, oauth_scope, oauth_certificate_ref)
+    VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10::boolean, $12, $13, $14, $15,
+            $16, $17, $18)
     RETURNING id, tenant_slug, name
 ),
 state AS (
@@ -195,3 +200,115 @@ SELECT archive_id, array_agg(DISTINCT mailbox ORDER BY mailbox) AS mailboxes
 UPDATE mail_import_mailboxes SET enabled = $3::boolean
  WHERE tenant_slug = $1 AND name = $2
 RETURNING id;
+
+-- name: account_add
+-- $1 tenant, $2 name, $3 host, $4 port, $5 tls, $6 CA file, $7 user, $8 auth
+-- method, $9 password ref, $10-$14 OAuth token URL, client id, secret ref,
+-- refresh ref, scope, $15 use IDLE, $16 interval, $17 exclude patterns (NULL:
+-- defaults), $18 include patterns, $19 all-mail-only, $20 certificate ref.
+INSERT INTO mail_import_accounts
+       (tenant_slug, name, host, port, tls_mode, ca_file, username, auth_method, password_ref,
+        oauth_token_url, oauth_client_id, oauth_secret_ref, oauth_refresh_ref, oauth_scope,
+        use_idle, interval_seconds, exclude_patterns, include_patterns, all_mail_only,
+        oauth_certificate_ref)
+VALUES ($1, $2, $3, $4::int, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15::boolean,
+        $16::int, $17::text[], $18::text[], $19::boolean, $20)
+RETURNING id;
+
+-- name: account_get
+SELECT * FROM mail_import_accounts WHERE tenant_slug = $1 AND name = $2;
+
+-- name: account_list
+-- Accounts (of tenant $1, or all) with how many folders are archived and gone.
+SELECT a.*,
+       count(m.id) FILTER (WHERE m.folder_gone_at IS NULL) AS folders,
+       count(m.id) FILTER (WHERE m.folder_gone_at IS NOT NULL) AS folders_gone
+  FROM mail_import_accounts a
+  LEFT JOIN mail_import_mailboxes m ON m.account_id = a.id
+ WHERE $1::text IS NULL OR a.tenant_slug = $1::text
+ GROUP BY a.id
+ ORDER BY a.tenant_slug, a.name;
+
+-- name: account_folders
+-- One discovery's outcome, in one statement: a mailbox per folder found
+-- ($2 folder names, $3 their mailbox names), created or refreshed from the
+-- account's settings; folders not found are marked gone. A mailbox of the
+-- same name that the operator registered by hand is never taken over (it is
+-- left out of the result). Rows: every folder mailbox of the account now,
+-- with whether it was created by this call.
+WITH acc AS (
+    SELECT * FROM mail_import_accounts WHERE id = $1::bigint
+),
+found AS (
+    INSERT INTO mail_import_mailboxes AS m
+           (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
+            folder, use_idle, auth_method, oauth_token_url, oauth_client_id,
+            oauth_secret_ref, oauth_refresh_ref, oauth_scope, oauth_certificate_ref,
+            account_id)
+    SELECT acc.tenant_slug, f.mailbox, acc.host, acc.port, acc.tls_mode, acc.ca_file,
+           acc.username, acc.password_ref, f.folder, acc.use_idle, acc.auth_method,
+           acc.oauth_token_url, acc.oauth_client_id, acc.oauth_secret_ref,
+           acc.oauth_refresh_ref, acc.oauth_scope, acc.oauth_certificate_ref, acc.id
+      FROM acc, unnest($2::text[], $3::text[]) AS f(folder, mailbox)
+    ON CONFLICT (tenant_slug, name) DO UPDATE
+       SET host = EXCLUDED.host, port = EXCLUDED.port, tls_mode = EXCLUDED.tls_mode,
+           ca_file = EXCLUDED.ca_file, username = EXCLUDED.username,
+           password_ref = EXCLUDED.password_ref, folder = EXCLUDED.folder,
+           use_idle = EXCLUDED.use_idle, auth_method = EXCLUDED.auth_method,
+           oauth_token_url = EXCLUDED.oauth_token_url,
+           oauth_client_id = EXCLUDED.oauth_client_id,
+           oauth_secret_ref = EXCLUDED.oauth_secret_ref,
+           oauth_refresh_ref = EXCLUDED.oauth_refresh_ref,
+           oauth_scope = EXCLUDED.oauth_scope,
+           oauth_certificate_ref = EXCLUDED.oauth_certificate_ref, folder_gone_at = NULL
+     WHERE m.account_id = EXCLUDED.account_id
+    RETURNING m.name, m.folder, (xmax = 0) AS created
+),
+state AS (
+    INSERT INTO mail_import_state (tenant_slug, mailbox_name, interval_seconds)
+    SELECT acc.tenant_slug, found.name, acc.interval_seconds FROM acc, found
+    ON CONFLICT (tenant_slug, mailbox_name) DO NOTHING
+),
+gone AS (
+    UPDATE mail_import_mailboxes
+       SET folder_gone_at = now()
+     WHERE account_id = $1::bigint AND folder_gone_at IS NULL
+       AND NOT (name = ANY ($3::text[]))
+    RETURNING name, folder
+),
+done AS (
+    UPDATE mail_import_accounts
+       SET last_discovery_at = now(), last_discovery_error = NULL
+     WHERE id = $1::bigint
+)
+SELECT name, folder, created, false AS gone FROM found
+UNION ALL
+SELECT name, folder, false, true FROM gone
+ORDER BY name;
+
+-- name: account_discovery_failed
+UPDATE mail_import_accounts
+   SET last_discovery_at = now(), last_discovery_error = $2
+ WHERE id = $1::bigint;
+
+-- name: account_remove
+-- The account, its folders' mailboxes, their state and failures; archived
+-- mail stays.
+WITH acc AS (
+    DELETE FROM mail_import_accounts WHERE tenant_slug = $1 AND name = $2
+    RETURNING id, tenant_slug
+),
+boxes AS (
+    DELETE FROM mail_import_mailboxes m USING acc
+     WHERE m.account_id = acc.id
+    RETURNING m.tenant_slug, m.name
+),
+state AS (
+    DELETE FROM mail_import_state s USING boxes
+     WHERE s.tenant_slug = boxes.tenant_slug AND s.mailbox_name = boxes.name
+),
+failures AS (
+    DELETE FROM mail_import_failures f USING boxes
+     WHERE f.tenant_slug = boxes.tenant_slug AND f.mailbox_name = boxes.name
+)
+SELECT id FROM acc;

@@ -27,7 +27,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 import trio_asyncio  # type: ignore[import-untyped]
@@ -51,6 +51,27 @@ T = TypeVar("T")
 ReplyPart = bytes | bytearray
 
 TLS_MODES = ("implicit", "starttls", "plain")
+
+
+class SaslLogin(Protocol):
+    """A SASL sign-in (``AUTHENTICATE``), built above this boundary (the
+    importer's OAuth2 credentials): it picks its mechanism from the server's
+    capabilities and says what the server's error challenge meant."""
+
+    @property
+    def username(self) -> str:
+        """For error messages: who signs in (never a secret)."""
+        ...
+
+    def credential(self, capabilities: frozenset[str], host: str, port: int
+                   ) -> tuple[str, str, str]:
+        """``(mechanism, base64 initial response, base64 answer to an error
+        challenge)``; raises ImapAuthError when no mechanism fits."""
+        ...
+
+    def describe_failure(self, challenge: str) -> str:
+        """The server's base64 error challenge in words."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +129,36 @@ class ImapSession:
         step. Raises ImapUnavailable, ImapTlsError or ImapAuthError. The
         caller owns the session and must ``aclose()`` it."""
         user_arg, password_arg = quote(username), quote(password)
+
+        async def login(session: ImapSession) -> str | None:
+            result, lines = await session._call(session._command_sync, "LOGIN", user_arg,
+                                                password_arg, scrub=password_arg)
+            return None if result == "OK" else f"login as {username!r} refused: {_text(lines)}"
+
+        return await cls._open(endpoint, login)
+
+    @classmethod
+    async def open_sasl(cls, endpoint: ImapEndpoint, login: SaslLogin) -> ImapSession:
+        """Like :meth:`open`, signing in with ``AUTHENTICATE`` (SASL-IR where
+        the server offers it). A refusal fails at once with the server's
+        reason: the error challenge is answered, never left to time out."""
+
+        async def authenticate(session: ImapSession) -> str | None:
+            caps = session.capabilities
+            mechanism, initial, ack = login.credential(caps, endpoint.host, endpoint.port)
+            result, lines, challenges = await session._call(
+                session._authenticate, mechanism, initial, ack, "SASL-IR" in caps)
+            if result == "OK":
+                return None
+            why = login.describe_failure(challenges[-1]) if challenges else _text(lines)
+            return (f"{mechanism} sign-in as {login.username!r} refused: {why} "
+                    f"({_text(lines)})")
+
+        return await cls._open(endpoint, authenticate)
+
+    @classmethod
+    async def _open(cls, endpoint: ImapEndpoint,
+                    sign_in: Callable[[ImapSession], Awaitable[str | None]]) -> ImapSession:
         holder: list[ImapSession] = []
         try:
             with trio.fail_after(endpoint.timeout):
@@ -116,8 +167,7 @@ class ImapSession:
             holder.append(session)
             if endpoint.tls == "starttls":
                 await session._starttls()
-            reply = await session._call(session._command_sync, "LOGIN", user_arg,
-                                        password_arg, scrub=password_arg)
+            refused = await sign_in(session)
         except trio.TooSlowError:
             for s in holder:
                 s.abort()
@@ -127,11 +177,9 @@ class ImapSession:
             for s in holder:
                 s.abort()
             raise
-        result, lines = reply
-        if result != "OK":
+        if refused is not None:
             session.abort()
-            text = _text(lines)
-            raise ImapAuthError(f"{endpoint.describe()}: login as {username!r} refused: {text}")
+            raise ImapAuthError(f"{endpoint.describe()}: {refused}")
         protocol.state = aioimaplib.AUTH
         await session._refresh_capabilities()
         return session
@@ -178,6 +226,14 @@ class ImapSession:
     async def fetch(self, seq_set: str, items: str, *,
                     limit: float | None = None) -> list[ReplyPart]:
         return await self._ok(self._fetch, seq_set, items, False, limit=limit)
+
+    async def list_folders(self) -> list[ReplyPart]:
+        """``LIST "" "*"``: every folder, with its special use (RFC 6154)
+        where the server can return it (LIST-EXTENDED)."""
+        args = ['""', '"*"']
+        if {"SPECIAL-USE", "LIST-EXTENDED"} <= self.capabilities:
+            args.append("RETURN (SPECIAL-USE)")
+        return await self._ok(self._command_async, "LIST", *args)
 
     async def noop(self) -> list[ReplyPart]:
         return await self._ok(self._command_async, "NOOP")
@@ -285,6 +341,13 @@ class ImapSession:
         response = await p.execute(cmd, scrub=scrub)
         return response.result, list(response.lines)
 
+    async def _authenticate(self, mechanism: str, initial: str, ack: str, sasl_ir: bool
+                            ) -> tuple[str, list[ReplyPart], list[str]]:
+        p = self._protocol
+        cmd = _SaslCommand(p.new_tag(), mechanism, initial, ack, sasl_ir, p, loop=p.loop)
+        response = await p.execute(cmd, scrub=initial)
+        return response.result, list(response.lines), cmd.challenges
+
     async def _command_async(self, name: str, *args: str) -> tuple[str, list[ReplyPart]]:
         p = self._protocol
         cmd = aioimaplib.Command(name, p.new_tag(), *args, loop=p.loop)
@@ -342,6 +405,34 @@ class ImapSession:
         finally:
             if not running.done():
                 running.cancel()
+
+
+class _SaslCommand(aioimaplib.Command):  # type: ignore[misc]
+    """``AUTHENTICATE`` that answers the server's continuations: the first
+    (empty) one with the credential when there is no SASL-IR, an error
+    challenge with the mechanism's acknowledgement, after which the server
+    completes the command with NO. aioimaplib appends a continuation to the
+    pending command and calls ``flush``; it answers none by itself."""
+
+    def __init__(self, tag: str, mechanism: str, initial: str, ack: str, sasl_ir: bool,
+                 protocol: Any, loop: asyncio.AbstractEventLoop) -> None:
+        args = (mechanism, initial) if sasl_ir else (mechanism,)
+        super().__init__("AUTHENTICATE", tag, *args, loop=loop)
+        self._protocol = protocol
+        self._unsent: str | None = None if sasl_ir else initial
+        self._ack = ack
+        self.challenges: list[str] = []
+
+    def flush(self) -> None:
+        line = self._resp_lines[-1] if self._resp_lines else b""
+        if not isinstance(line, bytes) or not line.startswith(b"+"):
+            return
+        if self._unsent is not None:
+            answer, self._unsent = self._unsent, None
+        else:
+            self.challenges.append(line[1:].strip().decode("ascii", "replace"))
+            answer = self._ack
+        self._protocol.transport.write(answer.encode("ascii") + b"\r\n")
 
 
 async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:

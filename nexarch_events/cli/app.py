@@ -25,7 +25,7 @@ from ..errors import (
     NexarchError,
 )
 from ..settings import Settings
-from . import mail, mailbox, queue, service
+from . import account, mail, mailbox, queue, service
 from .common import (
     EXIT_BUG,
     EXIT_FAILED,
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "variables override it")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for group in (service, queue, mail, mailbox):
+    for group in (service, queue, mail, mailbox, account):
         group.register(sub)
     return parser
 

@@ -6,34 +6,132 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..settings import Settings
 from .common import EXIT_OK, Subparsers, jsonable, registry_call
 
+if TYPE_CHECKING:  # imported where used: the CLI starts without the importer
+    from ..importer.oauth import OAuthClient
+
+
+def _secret_ref(option: str, env: str | None, file: str | None, stdin: bool | None,
+                settings: Settings, *, required: bool) -> str | None:
+    """A reference for the secret given by ``--<option>-env|-file|-stdin``
+    (at most one; exactly one if ``required``; ``stdin`` None: the option has
+    no stdin form). Stdin secrets are sealed."""
+    from ..importer import secrets
+
+    given = [x for x in (env, file, stdin) if x]
+    if len(given) > 1 or (required and not given):
+        forms = [f"--{option}-env NAME", f"--{option}-file PATH"]
+        if stdin is not None:
+            forms.append(f"--{option}-stdin")
+        raise ConfigurationError(f"give {'exactly' if required else 'at most'} one of "
+                                 + ", ".join(forms))
+    if env:
+        return secrets.reference_env(env)
+    if file:
+        return secrets.reference_file(os.path.abspath(file))
+    if stdin:
+        return secrets.seal(sys.stdin.readline().rstrip("\r\n"), settings.secret_key)
+    return None
+
+
+def sign_in_from_args(args: argparse.Namespace, settings: Settings, command: str
+                      ) -> tuple[str | None, OAuthClient | None]:
+    """``(password reference, OAuth client)`` from the options that
+    ``add_sign_in_arguments`` defines; exactly one of them is set."""
+    from ..importer.oauth import OAuthClient
+
+    oauth_given = [name for name in ("oauth_token_url", "oauth_client_id", "oauth_secret_env",
+                                     "oauth_secret_file", "oauth_secret_stdin",
+                                     "oauth_refresh_token_env", "oauth_refresh_token_file",
+                                     "oauth_refresh_token_stdin", "oauth_scope",
+                                     "oauth_certificate_env", "oauth_certificate_file")
+                   if getattr(args, name)]
+    if args.auth == "password":
+        if oauth_given:
+            raise ConfigurationError(f"{command}: --{oauth_given[0].replace('_', '-')} "
+                                     "needs --auth oauth2")
+        return _secret_ref("password", args.password_env, args.password_file,
+                           args.password_stdin, settings, required=True), None
+    if args.password_env or args.password_file or args.password_stdin:
+        raise ConfigurationError(f"{command}: --auth oauth2 signs in with a token, "
+                                 "not a password; leave out --password-*")
+    if not args.oauth_token_url or not args.oauth_client_id:
+        raise ConfigurationError(f"{command}: --auth oauth2 needs --oauth-token-url "
+                                 "and --oauth-client-id")
+    # Stdin: the client secret's line first, then the refresh token's.
+    return None, OAuthClient(
+        token_url=args.oauth_token_url, client_id=args.oauth_client_id,
+        client_secret_ref=_secret_ref("oauth-secret", args.oauth_secret_env,
+                                      args.oauth_secret_file, args.oauth_secret_stdin,
+                                      settings, required=False),
+        refresh_token_ref=_secret_ref("oauth-refresh-token", args.oauth_refresh_token_env,
+                                      args.oauth_refresh_token_file,
+                                      args.oauth_refresh_token_stdin, settings,
+                                      required=False),
+        client_certificate_ref=_secret_ref("oauth-certificate", args.oauth_certificate_env,
+                                           args.oauth_certificate_file, None, settings,
+                                           required=False),
+        scope=args.oauth_scope)
+
+
+def add_sign_in_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where to connect and how to sign in (``mailbox add``, ``account add``)."""
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--port", type=int, help="default 993 (implicit TLS) or 143")
+    parser.add_argument("--tls", choices=["implicit", "starttls", "plain"], default="implicit",
+                        help="certificates are verified; plain only on a trusted network")
+    parser.add_argument("--ca-file", help="PEM file of the CA to trust instead of the system's")
+    parser.add_argument("--user", required=True)
+    parser.add_argument("--password-env", metavar="NAME",
+                        help="read the password from this variable of the service's "
+                             "environment")
+    parser.add_argument("--password-file", metavar="PATH",
+                        help="read the password from this file")
+    parser.add_argument("--password-stdin", action="store_true",
+                        help="read it from stdin and store it sealed (needs "
+                             "NEXARCH_SECRET_KEY_FILE)")
+    parser.add_argument("--auth", choices=["password", "oauth2"], default="password",
+                        help="sign in with a password (default) or an OAuth2 token "
+                             "(Microsoft 365, Gmail; see the README)")
+    parser.add_argument("--oauth-token-url", metavar="URL",
+                        help="the provider's token endpoint (https)")
+    parser.add_argument("--oauth-client-id", metavar="ID")
+    parser.add_argument("--oauth-scope", metavar="SCOPES", help="space-separated scopes")
+    for option, what in (("oauth-secret", "the OAuth client secret"),
+                         ("oauth-refresh-token", "the OAuth refresh token")):
+        parser.add_argument(f"--{option}-env", metavar="NAME",
+                            help=f"read {what} from this variable of the service's "
+                                 "environment")
+        parser.add_argument(f"--{option}-file", metavar="PATH",
+                            help=f"read {what} from this file")
+        parser.add_argument(f"--{option}-stdin", action="store_true",
+                            help=f"read {what} from stdin and store it sealed")
+    parser.add_argument("--oauth-certificate-env", metavar="NAME",
+                        help="instead of a client secret: a PEM with the client's RSA key "
+                             "and certificate, from this variable")
+    parser.add_argument("--oauth-certificate-file", metavar="PATH",
+                        help="instead of a client secret: that PEM, from this file")
+    parser.add_argument("--interval", type=int, default=300, help="seconds between syncs")
+    parser.add_argument("--no-idle", action="store_true", help="never hold an IDLE connection")
+
 
 def cmd_mailbox_add(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from ..importer import secrets
     from ..importer.mailboxes import MailboxConfig
 
-    given = [x for x in (args.password_env, args.password_file, args.password_stdin) if x]
-    if len(given) != 1:
-        raise ConfigurationError("mailbox add: give exactly one of --password-env NAME, "
-                                 "--password-file PATH or --password-stdin")
-    if args.password_env:
-        ref = secrets.reference_env(args.password_env)
-    elif args.password_file:
-        ref = secrets.reference_file(os.path.abspath(args.password_file))
-    else:
-        ref = secrets.seal(sys.stdin.readline().rstrip("\r\n"), settings.secret_key)
+    ref, oauth = sign_in_from_args(args, settings, "mailbox add")
     port = args.port or (993 if args.tls == "implicit" else 143)
     config = MailboxConfig(tenant_slug=args.tenant, name=args.name, host=args.host, port=port,
                            tls_mode=args.tls, username=args.user, password_ref=ref,
                            folder=args.folder, ca_file=args.ca_file,
-                           use_idle=not args.no_idle)
+                           use_idle=not args.no_idle, oauth=oauth)
     mailbox_id = registry_call(url, lambda r: r.add(config, interval_seconds=args.interval))
-    print(f"registered mailbox {args.tenant}/{args.name} id={mailbox_id}")
+    print(f"registered mailbox {args.tenant}/{args.name} id={mailbox_id} "
+          f"(sign-in: {config.auth_method})")
     return EXIT_OK
 
 
@@ -67,7 +165,6 @@ def cmd_mailbox_set_interval(args: argparse.Namespace, settings: Settings, url: 
 
 
 def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from ..importer import secrets
     from ..importer.state import StateStore
     from ..importer.sync import run_sync
 
@@ -81,12 +178,17 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
 
     async def go(registry: Any) -> Any:
         from ..db.migrations import migrate
+        from ..importer.signin import SignIn
 
         await migrate(registry.db)
         config = await registry.get(args.tenant, args.name)
-        password = secrets.resolve(config.password_ref, key=settings.secret_key)
-        return await run_sync(url, config, password, imap_timeout=settings.importer.imap_timeout,
-                              lock_wait=settings.importer.lock_wait)
+        sign_in = SignIn(config, secret_key=settings.secret_key)
+        try:
+            return await run_sync(url, config, sign_in,
+                                  imap_timeout=settings.importer.imap_timeout,
+                                  lock_wait=settings.importer.lock_wait)
+        finally:
+            await sign_in.aclose()
 
     report = registry_call(url, go)
     print(json.dumps({"mailbox": f"{args.tenant}/{args.name}", "mode": report.mode,
@@ -143,21 +245,8 @@ def register(sub: Subparsers) -> None:
     add = msub.add_parser("add", help="register a mailbox to import")
     add.add_argument("tenant")
     add.add_argument("name", help="your name for it, unique per tenant (e.g. alice-inbox)")
-    add.add_argument("--host", required=True)
-    add.add_argument("--port", type=int, help="default 993 (implicit TLS) or 143")
-    add.add_argument("--tls", choices=["implicit", "starttls", "plain"], default="implicit",
-                     help="certificates are verified; plain only on a trusted network")
-    add.add_argument("--ca-file", help="PEM file of the CA to trust instead of the system's")
-    add.add_argument("--user", required=True)
-    add.add_argument("--password-env", metavar="NAME",
-                     help="read the password from this variable of the service's environment")
-    add.add_argument("--password-file", metavar="PATH", help="read the password from this file")
-    add.add_argument("--password-stdin", action="store_true",
-                     help="read it from stdin and store it sealed (needs "
-                          "NEXARCH_SECRET_KEY_FILE)")
+    add_sign_in_arguments(add)
     add.add_argument("--folder", default="INBOX", help="IMAP folder (default INBOX)")
-    add.add_argument("--interval", type=int, default=300, help="seconds between syncs")
-    add.add_argument("--no-idle", action="store_true", help="never hold an IDLE connection")
     add.set_defaults(fn=cmd_mailbox_add)
     lst = msub.add_parser("list", help="registered mailboxes with their sync state")
     lst.add_argument("--tenant")

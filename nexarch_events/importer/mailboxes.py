@@ -1,6 +1,8 @@
 """Registered mailboxes: where the importer fetches mail from, and for which
-tenant. Registered with ``nexarch-events mailbox add`` (or this API); the
-password is only ever a reference or a sealed value (see ``secrets``)."""
+tenant. Registered with ``nexarch-events mailbox add`` (or this API). A
+mailbox signs in with a password or with an OAuth2 client (``oauth``); the
+password and the OAuth secrets are only ever references or sealed values
+(see ``secrets``)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ..aio.imap import TLS_MODES, ImapEndpoint
 from ..db import sqlfiles
 from ..errors import ConfigurationError, DatabaseError, InvalidJobError, JobNotFound
 from ..models import validate_tenant_slug
+from .oauth import OAuthClient
 from .state import (
     DEFAULT_INTERVAL_SECONDS,
     validate_interval,
@@ -32,12 +35,14 @@ class MailboxConfig:
     port: int
     tls_mode: str
     username: str
-    password_ref: str
+    #: The password reference; None when the mailbox signs in with ``oauth``.
+    password_ref: str | None
     folder: str = "INBOX"
     ca_file: str | None = None
     use_idle: bool = True
     enabled: bool = True
     id: int | None = None
+    oauth: OAuthClient | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_slug(self.tenant_slug)
@@ -54,22 +59,37 @@ class MailboxConfig:
             raise InvalidJobError("user name must be 1..320 characters")
         if not self.folder or len(self.folder) > 1000:
             raise InvalidJobError("folder must be 1..1000 characters")
+        if (self.password_ref is None) == (self.oauth is None):
+            raise ConfigurationError("a mailbox signs in with a password or with OAuth2, "
+                                     "exactly one of them")
+
+    @property
+    def auth_method(self) -> str:
+        return "password" if self.oauth is None else "oauth2"
 
     @classmethod
     def from_row(cls, row: Row) -> MailboxConfig:
+        oauth = None
+        if row["auth_method"] == "oauth2":
+            oauth = OAuthClient(token_url=row["oauth_token_url"],
+                                client_id=row["oauth_client_id"],
+                                client_secret_ref=row["oauth_secret_ref"],
+                                refresh_token_ref=row["oauth_refresh_ref"],
+                                scope=row["oauth_scope"],
+                                client_certificate_ref=row["oauth_certificate_ref"])
         return cls(tenant_slug=row["tenant_slug"], name=row["name"], host=row["host"],
                    port=row["port"], tls_mode=row["tls_mode"], username=row["username"],
                    password_ref=row["password_ref"], folder=row["folder"],
                    ca_file=row["ca_file"], use_idle=row["use_idle"], enabled=row["enabled"],
-                   id=row["id"])
+                   id=row["id"], oauth=oauth)
 
     def endpoint(self, *, timeout: float) -> ImapEndpoint:
         return ImapEndpoint(self.host, self.port, self.tls_mode, self.ca_file, timeout)
 
     def describe(self) -> str:
-        """For logs and errors: everything but the password reference."""
+        """For logs and errors: everything but the secret references."""
         return (f"{self.tenant_slug}/{self.name} ({self.username}@{self.host}:{self.port} "
-                f"{self.tls_mode}, folder {self.folder!r})")
+                f"{self.tls_mode}, folder {self.folder!r}, {self.auth_method})")
 
 
 class MailboxRegistry:
@@ -81,11 +101,14 @@ class MailboxRegistry:
         """Register a mailbox and create its sync state. Returns its id.
         Raises ConfigurationError if the tenant already has one by that name."""
         validate_interval(interval_seconds)
+        o = config.oauth
         try:
             row = await self.db.fetchrow(
                 _SQL["mailbox_add"], config.tenant_slug, config.name, config.host, config.port,
                 config.tls_mode, config.ca_file, config.username, config.password_ref,
-                config.folder, config.use_idle, interval_seconds)
+                config.folder, config.use_idle, interval_seconds, config.auth_method,
+                o and o.token_url, o and o.client_id, o and o.client_secret_ref,
+                o and o.refresh_token_ref, o and o.scope, o and o.client_certificate_ref)
         except DatabaseError as exc:
             if exc.constraint == "mail_import_mailboxes_name_per_tenant":
                 raise ConfigurationError(
@@ -118,18 +141,20 @@ class MailboxRegistry:
 
     async def list(self, tenant_slug: str | None = None) -> list[dict[str, Any]]:
         """Every registered mailbox (of one tenant, or all) with its sync
-        state, as plain dicts (for the CLI and the API). The password
-        reference is left out."""
+        state, as plain dicts (for the CLI and the API). Secret references
+        (password, OAuth client secret, refresh token) are left out: a
+        sealed value is still a secret's ciphertext."""
         if tenant_slug is not None:
             validate_tenant_slug(tenant_slug)
         rows = await self.db.fetch(_SQL["mailbox_list"], tenant_slug)
-        return [{k: v for k, v in dict(row).items() if k != "password_ref"} for row in rows]
+        return [{k: v for k, v in dict(row).items() if not k.endswith("_ref")} for row in rows]
 
     async def scheduled(self) -> Sequence[tuple[MailboxConfig, bool]]:
-        """Enabled mailboxes, each with whether a "sync now" is pending."""
+        """Enabled mailboxes, each with whether a "sync now" is pending. An
+        account's folder that its last discovery did not find is left out."""
         rows = await self.db.fetch(_SQL["mailbox_list"], None)
         return [(MailboxConfig.from_row(r), r["sync_requested_at"] is not None)
-                for r in rows if r["enabled"]]
+                for r in rows if r["enabled"] and r["folder_gone_at"] is None]
 
     async def set_enabled(self, tenant_slug: str, name: str, enabled: bool) -> None:
         """Pause or resume a mailbox's import (its state is kept)."""

@@ -23,6 +23,7 @@ runner drops its IDLE connection for that and reconnects.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 
@@ -34,8 +35,8 @@ from ..errors import ConfigurationError, DatabaseError, ImapError
 from ..metrics import Metrics
 from ..queue.notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
 from ..settings import ImportSettings
-from . import secrets
 from .mailboxes import MailboxConfig, MailboxRegistry
+from .signin import SignIn
 from .state import StateStore
 from .sync import ImportLimits, MailboxBusy, SyncReport, run_sync
 
@@ -112,9 +113,18 @@ class ImportScheduler:
             if key not in self._runners:
                 runner = _Runner(self, config)
                 self._runners[key] = runner
-                self._nursery.start_soon(runner.run)
+                self._nursery.start_soon(self._run_runner, runner)
             if key in requested:
                 self._runners[key].wake()
+
+    @staticmethod
+    async def _run_runner(runner: _Runner) -> None:
+        try:
+            await runner.run()
+        finally:
+            # Its token source's HTTP connections (bounded: it may be cancelled).
+            with trio.move_on_after(5, shield=True):
+                await runner.sign_in.aclose()
 
     async def _requests(self, sub: Subscription) -> None:
         async for item in sub:
@@ -145,6 +155,8 @@ class _Runner:
         self._wake = trio.Event()
         self._idle_scope: trio.CancelScope | None = None
         self._server_has_idle = True
+        #: Kept across sessions: an OAuth2 token is fetched once and reused.
+        self.sign_in = SignIn(config, secret_key=scheduler.secret_key)
 
     def wake(self) -> None:
         self._wake.set()
@@ -159,8 +171,6 @@ class _Runner:
             await trio.sleep(random.uniform(0, 0.2))
             while True:
                 try:
-                    password = secrets.resolve(self.config.password_ref,
-                                               key=self.scheduler.secret_key)
                     if self.config.use_idle and self._server_has_idle:
                         try:
                             self.scheduler._idle_slots.acquire_nowait()
@@ -168,12 +178,12 @@ class _Runner:
                             pass
                         else:
                             try:
-                                await self._idle_loop(password)
+                                await self._idle_loop()
                             finally:
                                 self.scheduler._idle_slots.release()
                             backoff = 2.0
                             continue
-                    await self._sync(password)
+                    await self._sync()
                     backoff = 2.0
                     await self._wait(await self._interval() * random.uniform(0.9, 1.1))
                 except _RETRYABLE as exc:
@@ -183,12 +193,12 @@ class _Runner:
                                 self.config.describe(), exc, delay)
                     await self._wait(delay * random.uniform(0.8, 1.2))
 
-    async def _sync(self, password: str, session: ImapSession | None = None) -> SyncReport:
+    async def _sync(self, session: ImapSession | None = None) -> SyncReport:
         s = self.scheduler.settings
         self._wake = trio.Event()
         metrics = self.scheduler.metrics
         try:
-            report = await run_sync(self.scheduler.db, self.config, password, session=session,
+            report = await run_sync(self.scheduler.db, self.config, self.sign_in, session=session,
                                     limits=self.scheduler.limits, imap_timeout=s.imap_timeout,
                                     lock_wait=s.lock_wait)
         except _RETRYABLE:
@@ -203,13 +213,15 @@ class _Runner:
             self.scheduler.on_run(self.config, report)
         return report
 
-    async def _idle_loop(self, password: str) -> None:
+    async def _idle_loop(self) -> None:
         """Sync, IDLE until the server announces something, repeat. Returns
-        when the IDLE connection was given up on purpose (a "sync now", or a
-        server without IDLE); raises when it broke."""
+        when the IDLE connection was given up on purpose (a "sync now", a
+        server without IDLE, or a token about to expire: the next session
+        signs in with a fresh one); raises when it broke."""
         s = self.scheduler.settings
-        session = await ImapSession.open(self.config.endpoint(timeout=s.imap_timeout),
-                                         self.config.username, password)
+        session = await self._open()
+        deadline = self.sign_in.session_deadline()
+        ends_at = math.inf if deadline is None else trio.current_time() + deadline
         try:
             if "IDLE" not in session.capabilities:
                 log.info("importer: %s: server has no IDLE; syncing at the interval",
@@ -218,12 +230,15 @@ class _Runner:
                 return
             self.idling = True
             while True:
-                await self._sync(password, session)
+                await self._sync(session)
+                left = ends_at - trio.current_time()
+                if left <= 0:
+                    return  # sign in anew before the server drops a stale token
                 with trio.CancelScope() as scope:
                     self._idle_scope = scope
                     if self._wake.is_set():
                         scope.cancel()
-                    await session.idle(min(s.idle_refresh, float(await self._interval())))
+                    await session.idle(min(s.idle_refresh, float(await self._interval()), left))
                 self._idle_scope = None
                 if scope.cancelled_caught:
                     return  # woken mid-IDLE: the session is gone; reconnect, sync
@@ -231,6 +246,24 @@ class _Runner:
             self.idling = False
             self._idle_scope = None
             await session.aclose()
+
+    async def _open(self) -> ImapSession:
+        """A signed-in session for IDLE. A failure to get one (a secret that
+        cannot be read, a refused token, connect, TLS, login) is written to
+        the mailbox state here, since no run will record it."""
+        s = self.scheduler.settings
+        try:
+            return await self.sign_in.open(self.config.endpoint(timeout=s.imap_timeout))
+        except (ImapError, ConfigurationError) as exc:
+            with trio.move_on_after(5, shield=True):
+                store = StateStore(self.scheduler.db)
+                try:
+                    await store.get_or_create(self.config.tenant_slug, self.config.name)
+                    await store.finish(self.config.tenant_slug, self.config.name,
+                                       error=str(exc), warning=None)
+                except DatabaseError:
+                    pass
+            raise
 
     async def _interval(self) -> int:
         state = await StateStore(self.scheduler.db).get_or_create(self.config.tenant_slug,

@@ -38,7 +38,7 @@ import trio
 
 from ..aio import Connection, Database
 from ..aio.imap import ImapSession
-from ..errors import DatabaseError, ImapError, NexarchError
+from ..errors import ConfigurationError, DatabaseError, ImapError, NexarchError
 from ..mail.archive import MAX_MESSAGE_BYTES
 from .mailboxes import MailboxConfig
 from .protocol import (
@@ -50,6 +50,7 @@ from .protocol import (
     parse_search,
     uid_set,
 )
+from .signin import SignIn
 from .state import StateStore
 
 log = logging.getLogger(__name__)
@@ -312,7 +313,7 @@ async def acquire_run_lock(store: StateStore, tenant_slug: str, mailbox_name: st
                       f"(waited {wait:g} s)")
 
 
-async def run_sync(db: Database | str, config: MailboxConfig, password: str, *,
+async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | str, *,
                    session: ImapSession | None = None, limits: ImportLimits = ImportLimits(),
                    imap_timeout: float = 30.0, lock_wait: float = 30.0,
                    connect_timeout: float = 10.0) -> SyncReport:
@@ -320,11 +321,15 @@ async def run_sync(db: Database | str, config: MailboxConfig, password: str, *,
     lock for the run's length (so runs of one mailbox never overlap,
     anywhere), an IMAP session (``session``, or a new one closed at the end),
     the sync, and the outcome written to the mailbox state. Raises
-    MailboxBusy, ImapError or DatabaseError; the error is on the state too.
+    MailboxBusy, ImapError, DatabaseError or ConfigurationError (a secret
+    cannot be read); the error is on the state too. ``sign_in`` opens the
+    session when none is given; a string is a password to sign in with.
 
     ``db``: a pool (a warm connection is borrowed: no connect, statements
     already planned - about 15 ms less per run, which matters for IDLE-driven
     runs) or a URL (a connection of the run's own)."""
+    if isinstance(sign_in, str):
+        sign_in = SignIn(config, secret_key=None, password=sign_in)
     async with _run_connection(db, connect_timeout) as conn:
         store = StateStore(conn)
         try:
@@ -337,7 +342,7 @@ async def run_sync(db: Database | str, config: MailboxConfig, password: str, *,
             conn.abort()
             raise
         try:
-            return await _locked_run(store, config, password, session, limits, imap_timeout)
+            return await _locked_run(store, config, sign_in, session, limits, imap_timeout)
         finally:
             # A pooled connection must not go back holding the lock: unlock,
             # and if that cannot be confirmed, drop the connection (the
@@ -352,7 +357,7 @@ async def run_sync(db: Database | str, config: MailboxConfig, password: str, *,
                 conn.abort()
 
 
-async def _locked_run(store: StateStore, config: MailboxConfig, password: str,
+async def _locked_run(store: StateStore, config: MailboxConfig, sign_in: SignIn,
                       session: ImapSession | None, limits: ImportLimits,
                       imap_timeout: float) -> SyncReport:
     # A run that fails before mail_import_begin (connect, TLS, login,
@@ -361,10 +366,9 @@ async def _locked_run(store: StateStore, config: MailboxConfig, password: str,
     own = session is None
     try:
         if session is None:
-            session = await ImapSession.open(config.endpoint(timeout=imap_timeout),
-                                             config.username, password)
+            session = await sign_in.open(config.endpoint(timeout=imap_timeout))
         report = await sync_once(store, config, session, limits)
-    except (ImapError, DatabaseError) as exc:
+    except (ImapError, DatabaseError, ConfigurationError) as exc:
         with trio.move_on_after(5, shield=True):
             try:
                 await store.finish(config.tenant_slug, config.name, error=str(exc),

@@ -289,8 +289,13 @@ class Dovecot:
     ca_file: str
     users: dict[str, str]
 
-    def __init__(self, users: dict[str, str] | None = None) -> None:
+    def __init__(self, users: dict[str, str] | None = None, *,
+                 oauth2_introspection_url: str | None = None) -> None:
         self.users = dict(DEFAULT_USERS if users is None else users)
+        #: With a URL, OAUTHBEARER and XOAUTH2 are offered too, and a token is
+        #: valid when that RFC 7662 endpoint says it is active (Dovecot's
+        #: oauth2 passdb; nexarch_events.testing.oauth_server answers it).
+        self.oauth2_introspection_url = oauth2_introspection_url
         for user, password in self.users.items():
             _check_credentials(user, password)
         self.host = HOST
@@ -666,6 +671,18 @@ class Dovecot:
         # are optional, but without them Dovecot warns on every handshake.
         ssl_dh = f"ssl_dh = <{dh}\n" if dh.is_file() else ""
         no_chroot = "  chroot =\n" if unprivileged else ""
+        oauth_mechanisms = oauth_passdb = ""
+        if self.oauth2_introspection_url:
+            oauth_mechanisms = " xoauth2 oauthbearer"
+            (root / "oauth2.conf.ext").write_text(
+                "introspection_mode = post\n"
+                f"introspection_url = {self.oauth2_introspection_url}\n"
+                "force_introspection = yes\n"
+                "username_attribute = username\n"
+                "active_attribute = active\n"
+                "active_value = true\n")
+            oauth_passdb = ("\npassdb {\n  driver = oauth2\n  mechanisms = xoauth2 oauthbearer\n"
+                            f"  args = {root}/oauth2.conf.ext\n}}")
         self.config_path.write_text(f"""\
 # Written by tests/support/dovecot.py: a throwaway instance for tests.
 # Nothing from /etc/dovecot is included.
@@ -691,11 +708,12 @@ ssl_key = <{root}/tls/server.key
 {ssl_dh}
 # Loopback only: tests log in in plaintext too (STARTTLS is offered).
 disable_plaintext_auth = no
-auth_mechanisms = plain login
+auth_mechanisms = plain login{oauth_mechanisms}
 passdb {{
   driver = passwd-file
   args = scheme=PLAIN username_format=%u {root}/users
-}}
+  mechanisms = plain login
+}}{oauth_passdb}
 userdb {{
   driver = passwd-file
   args = username_format=%u {root}/users

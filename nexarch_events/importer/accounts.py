@@ -1,0 +1,308 @@
+"""Whole accounts: registered once, their folders found with ``LIST`` and
+archived each as a mailbox of its own.
+
+A discovery signs in to the account, lists its folders, applies the
+account's rules (``folders.select_folders``: Gmail's All Mail alone, no
+trash, junk or drafts, the operator's patterns) and records the outcome in
+one statement: a mailbox row per folder (created, or refreshed from the
+account's settings) and the folders that are gone marked as such. From then
+on the scheduler syncs each folder like any registered mailbox, with its own
+UIDVALIDITY and UID state. A renamed folder is a new folder: its messages
+are archived once all the same (by content hash), with new locations; the
+old name is marked gone and no longer synced, its state kept.
+
+A folder's mailbox is named ``<account>/<folder>`` where the folder's name
+fits a mailbox name, else ``<account>/<folder, other characters as ->-<8 hex
+of its hash>``; its decoded folder name is in the ``folder`` column, which
+the CLI and the API show.
+
+``AccountDiscovery`` runs discoveries in the service: every account once at
+start and every ``import.discovery_interval`` seconds after, each account
+waiting at least its backoff after a failure; new folders are announced with
+a "sync now", so the scheduler picks them up at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from ..aio import Database, Executor, Row
+from ..db import sqlfiles
+from ..errors import ConfigurationError, DatabaseError, ImapError, InvalidJobError, JobNotFound
+from ..models import validate_tenant_slug
+from ..settings import ImportSettings
+from .folders import DEFAULT_EXCLUDED_PATTERNS, Folder, FolderRules, parse_list, select_folders
+from .mailboxes import MailboxConfig
+from .oauth import OAuthClient
+from .signin import SignIn
+from .state import DEFAULT_INTERVAL_SECONDS, StateStore, validate_interval
+
+log = logging.getLogger(__name__)
+_SQL = sqlfiles.queries("importer.sql")
+_ACCOUNT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@+-]{0,63}")
+_NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._@+/-]+")
+MAX_MAILBOX_NAME = 200
+#: After a failed discovery, wait this long before the next (doubling).
+BACKOFF_FLOOR_S, BACKOFF_CAP_S = 30.0, 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class AccountConfig:
+    tenant_slug: str
+    name: str
+    host: str
+    port: int
+    tls_mode: str
+    username: str
+    password_ref: str | None
+    oauth: OAuthClient | None = None
+    ca_file: str | None = None
+    use_idle: bool = True
+    interval_seconds: int = DEFAULT_INTERVAL_SECONDS
+    #: None: the default exclusions.
+    exclude_patterns: tuple[str, ...] | None = None
+    include_patterns: tuple[str, ...] = ()
+    all_mail_only: bool = True
+    enabled: bool = True
+    id: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_tenant_slug(self.tenant_slug)
+        if not _ACCOUNT_NAME.fullmatch(self.name):
+            raise InvalidJobError(f"account name {self.name[:80]!r}: 1-64 of A-Z a-z 0-9 . _ "
+                                  "@ + -, starting with a letter or digit")
+        validate_interval(self.interval_seconds)
+        # The connection settings are checked the way a mailbox's are.
+        self.mailbox("INBOX")
+
+    @property
+    def rules(self) -> FolderRules:
+        excluded = (DEFAULT_EXCLUDED_PATTERNS if self.exclude_patterns is None
+                    else self.exclude_patterns)
+        return FolderRules(excluded_patterns=excluded, include_patterns=self.include_patterns,
+                           all_mail_only=self.all_mail_only)
+
+    def mailbox(self, folder: str) -> MailboxConfig:
+        """The mailbox a folder of this account is archived as."""
+        return MailboxConfig(tenant_slug=self.tenant_slug, name=folder_mailbox_name(
+            self.name, folder), host=self.host, port=self.port, tls_mode=self.tls_mode,
+            username=self.username, password_ref=self.password_ref, folder=folder,
+            ca_file=self.ca_file, use_idle=self.use_idle, oauth=self.oauth)
+
+    @classmethod
+    def from_row(cls, row: Row) -> AccountConfig:
+        oauth = None
+        if row["auth_method"] == "oauth2":
+            oauth = OAuthClient(token_url=row["oauth_token_url"],
+                                client_id=row["oauth_client_id"],
+                                client_secret_ref=row["oauth_secret_ref"],
+                                refresh_token_ref=row["oauth_refresh_ref"],
+                                scope=row["oauth_scope"],
+                                client_certificate_ref=row["oauth_certificate_ref"])
+        exclude = row["exclude_patterns"]
+        return cls(tenant_slug=row["tenant_slug"], name=row["name"], host=row["host"],
+                   port=row["port"], tls_mode=row["tls_mode"], username=row["username"],
+                   password_ref=row["password_ref"], oauth=oauth, ca_file=row["ca_file"],
+                   use_idle=row["use_idle"], interval_seconds=row["interval_seconds"],
+                   exclude_patterns=None if exclude is None else tuple(exclude),
+                   include_patterns=tuple(row["include_patterns"]),
+                   all_mail_only=row["all_mail_only"], enabled=row["enabled"], id=row["id"])
+
+
+def folder_mailbox_name(account: str, folder: str) -> str:
+    """``<account>/<folder>``, or with the folder's other characters as ``-``
+    and 8 hex digits of its hash where the name would otherwise be lossy or
+    too long (two folders never share a mailbox name)."""
+    plain = f"{account}/{folder}"
+    if not _NOT_IN_NAME.search(folder) and len(plain) <= MAX_MAILBOX_NAME \
+            and not folder.startswith(("-", ".")):
+        return plain
+    digest = hashlib.sha256(folder.encode("utf-8")).hexdigest()[:8]
+    slug = _NOT_IN_NAME.sub("-", folder).strip("-") or "folder"
+    room = MAX_MAILBOX_NAME - len(account) - len(digest) - 2
+    return f"{account}/{slug[:room].rstrip('-')}-{digest}"
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """One discovery's outcome."""
+
+    account: str
+    #: Folder names the account has (decoded), and which of them are archived.
+    listed: tuple[str, ...]
+    archived: tuple[str, ...]
+    created: tuple[str, ...] = ()
+    gone: tuple[str, ...] = ()
+    #: Folders whose mailbox name a hand-registered mailbox already has.
+    conflicts: tuple[str, ...] = field(default_factory=tuple)
+
+
+class AccountRegistry:
+    def __init__(self, db: Executor) -> None:
+        self.db = db
+
+    async def add(self, account: AccountConfig) -> int:
+        o = account.oauth
+        try:
+            row = await self.db.fetchrow(
+                _SQL["account_add"], account.tenant_slug, account.name, account.host,
+                account.port, account.tls_mode, account.ca_file, account.username,
+                "password" if o is None else "oauth2", account.password_ref,
+                o and o.token_url, o and o.client_id, o and o.client_secret_ref,
+                o and o.refresh_token_ref, o and o.scope, account.use_idle,
+                account.interval_seconds,
+                None if account.exclude_patterns is None else list(account.exclude_patterns),
+                list(account.include_patterns), account.all_mail_only,
+                o and o.client_certificate_ref)
+        except DatabaseError as exc:
+            if exc.constraint == "mail_import_accounts_name_per_tenant":
+                raise ConfigurationError(f"tenant {account.tenant_slug!r} already has an "
+                                         f"account named {account.name!r}") from None
+            raise
+        assert row is not None
+        account_id: int = row["id"]
+        return account_id
+
+    async def get(self, tenant_slug: str, name: str) -> AccountConfig:
+        validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["account_get"], tenant_slug, name)
+        if row is None:
+            raise JobNotFound(f"no account {name!r} in tenant {tenant_slug!r}")
+        return AccountConfig.from_row(row)
+
+    async def list(self, tenant_slug: str | None = None) -> list[dict[str, Any]]:
+        """Accounts with their folder counts; secret references left out."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        rows = await self.db.fetch(_SQL["account_list"], tenant_slug)
+        return [{k: v for k, v in dict(r).items() if not k.endswith("_ref")} for r in rows]
+
+    async def enabled(self) -> Sequence[AccountConfig]:
+        return [AccountConfig.from_row(r) for r in await self.db.fetch(_SQL["account_list"], None)
+                if r["enabled"]]
+
+    async def remove(self, tenant_slug: str, name: str) -> None:
+        """The account and its folders' mailboxes and state (archived mail stays)."""
+        validate_tenant_slug(tenant_slug)
+        if await self.db.fetchrow(_SQL["account_remove"], tenant_slug, name) is None:
+            raise JobNotFound(f"no account {name!r} in tenant {tenant_slug!r}")
+
+    async def record_folders(self, account: AccountConfig, listed: Sequence[Folder]
+                             ) -> Discovery:
+        """Store what a discovery found (see the module docstring)."""
+        assert account.id is not None
+        chosen = select_folders(listed, account.rules)
+        names = [folder_mailbox_name(account.name, f.name) for f in chosen]
+        rows = await self.db.fetch(_SQL["account_folders"], account.id,
+                                   [f.name for f in chosen], names)
+        found = {r["name"] for r in rows if not r["gone"]}
+        return Discovery(
+            account=account.name, listed=tuple(f.name for f in listed),
+            archived=tuple(f.name for f in chosen if folder_mailbox_name(
+                account.name, f.name) in found),
+            created=tuple(r["folder"] for r in rows if r["created"]),
+            gone=tuple(r["folder"] for r in rows if r["gone"]),
+            conflicts=tuple(f.name for f, n in zip(chosen, names, strict=True)
+                            if n not in found))
+
+    async def record_failure(self, account: AccountConfig, error: str) -> None:
+        assert account.id is not None
+        await self.db.execute(_SQL["account_discovery_failed"], account.id, error[:2000])
+
+
+async def discover(db: Database, account: AccountConfig, sign_in: SignIn, *,
+                   imap_timeout: float = 30.0) -> Discovery:
+    """Sign in, list the folders, record them; newly archived folders get a
+    "sync now". Blocks on the IMAP server and Postgres. Raises ImapError,
+    ConfigurationError or DatabaseError (recorded on the account too)."""
+    registry = AccountRegistry(db)
+    try:
+        session = await sign_in.open(account.mailbox("INBOX").endpoint(timeout=imap_timeout))
+        try:
+            listed = parse_list(await session.list_folders())
+        finally:
+            await session.aclose()
+        found = await registry.record_folders(account, listed)
+    except (ImapError, ConfigurationError, DatabaseError) as exc:
+        with trio.move_on_after(5, shield=True):
+            try:
+                await registry.record_failure(account, str(exc))
+            except DatabaseError:
+                pass
+        raise
+    states = StateStore(db)
+    for folder in found.created:
+        await states.request_sync(account.tenant_slug,
+                                  folder_mailbox_name(account.name, folder))
+    log.info("importer: account %s/%s: %d folder(s), %d archived, %d new, %d gone",
+             account.tenant_slug, account.name, len(found.listed), len(found.archived),
+             len(found.created), len(found.gone))
+    return found
+
+
+class AccountDiscovery:
+    """Discovers every enabled account's folders, at start and every
+    ``settings.discovery_interval`` seconds, until cancelled."""
+
+    def __init__(self, db: Database, settings: ImportSettings, *,
+                 secret_key: str | None = None) -> None:
+        self.db = db
+        self.settings = settings
+        self.secret_key = secret_key
+        self._sign_ins: dict[tuple[str, str], tuple[AccountConfig, SignIn]] = {}
+        self._retry_at: dict[tuple[str, str], tuple[float, float]] = {}
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
+        try:
+            while True:
+                await self.round()
+                await trio.sleep(self.settings.discovery_interval)
+        finally:
+            with trio.move_on_after(5, shield=True):
+                for _, sign_in in self._sign_ins.values():
+                    await sign_in.aclose()
+
+    async def round(self) -> None:
+        """One discovery of every enabled account not in its backoff."""
+        try:
+            accounts = await AccountRegistry(self.db).enabled()
+        except DatabaseError as exc:
+            log.warning("importer: cannot read accounts: %s", exc)
+            return
+        for account in accounts:
+            key = (account.tenant_slug, account.name)
+            retry_at, wait = self._retry_at.get(key, (0.0, 0.0))
+            if trio.current_time() < retry_at:
+                continue
+            try:
+                await discover(self.db, account, await self._sign_in(account),
+                               imap_timeout=self.settings.imap_timeout)
+            except (ImapError, ConfigurationError, DatabaseError) as exc:
+                wait = min(BACKOFF_CAP_S, max(BACKOFF_FLOOR_S, wait * 2))
+                self._retry_at[key] = (trio.current_time() + wait, wait)
+                log.warning("importer: account %s/%s: discovery failed: %s; retry in %.0f s",
+                            account.tenant_slug, account.name, exc, wait)
+            else:
+                self._retry_at.pop(key, None)
+
+    async def _sign_in(self, account: AccountConfig) -> SignIn:
+        """The account's sign-in, kept across rounds (its token cached),
+        replaced when the account's settings changed."""
+        key = (account.tenant_slug, account.name)
+        kept = self._sign_ins.get(key)
+        if kept is not None and kept[0] == account:
+            return kept[1]
+        if kept is not None:
+            await kept[1].aclose()
+        sign_in = SignIn(account.mailbox("INBOX"), secret_key=self.secret_key)
+        self._sign_ins[key] = (account, sign_in)
+        return sign_in

@@ -1,0 +1,79 @@
+"""How a mailbox's IMAP sessions sign in: with its password (``LOGIN``) or
+with an OAuth2 access token (``AUTHENTICATE OAUTHBEARER``/``XOAUTH2``).
+
+One ``SignIn`` per mailbox runner, kept across its sessions, so an OAuth2
+token is fetched once and reused until it is due for refresh (see
+``oauth.TokenSource``, which also keeps a refused or failing token endpoint
+from being asked again before its backoff). A session signed in with a token
+should end before the token does: ``session_deadline`` says when, and the
+scheduler ends an IDLE connection then and signs in anew, instead of waiting
+for the server to drop it.
+
+Secrets are resolved when a session is opened, not before: a password
+variable set after the service started is picked up by the next attempt,
+and a missing one is that attempt's error (recorded on the mailbox state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..aio.imap import ImapEndpoint, ImapSession
+from . import secrets
+from .mailboxes import MailboxConfig
+from .oauth import TokenSource
+from .sasl import OAuthLogin
+
+#: A session signed in with a token ends when the token is due for refresh,
+#: but never sooner than this after it began: a token that is short-lived,
+#: or whose refresh keeps failing, must not turn reconnects into a loop.
+MIN_SESSION_S = 60.0
+
+
+class SignIn:
+    """Opens signed-in sessions for one mailbox. Owns its token source's
+    HTTP client until ``aclose``."""
+
+    def __init__(self, config: MailboxConfig, *, secret_key: str | None,
+                 environ: Mapping[str, str] | None = None, password: str | None = None,
+                 tokens: TokenSource | None = None) -> None:
+        """``password``: sign in with it, whatever the registration says
+        (embedding code and tests that hold the password themselves).
+        ``tokens``: the token source to use (default: one for ``config.oauth``)."""
+        self.config = config
+        self._secret_key = secret_key
+        self._environ = environ
+        self._password = password
+        if tokens is None and config.oauth is not None and password is None:
+            tokens = TokenSource(config.oauth, secret_key=secret_key, environ=environ)
+        self._tokens = tokens
+
+    async def open(self, endpoint: ImapEndpoint) -> ImapSession:
+        """A new signed-in session (the caller owns it). Blocks on the token
+        endpoint (at most one request, bounded by its timeout) and on the
+        IMAP server. Raises ConfigurationError (a secret cannot be read),
+        OAuthRefused/OAuthUnavailable, or the ImapSession errors."""
+        if self._tokens is None:
+            password = self._password
+            if password is None:
+                assert self.config.password_ref is not None
+                password = secrets.resolve(self.config.password_ref, key=self._secret_key,
+                                           environ=self._environ)
+            return await ImapSession.open(endpoint, self.config.username, password)
+        token = await self._tokens.token()
+        return await ImapSession.open_sasl(endpoint, OAuthLogin(self.config.username, token))
+
+    def session_deadline(self) -> float | None:
+        """Seconds from now until a session just opened with the current
+        token should end and sign in anew: when the token is due for refresh
+        (ahead of its expiry), at least ``MIN_SESSION_S``. None: sessions
+        signed in with a password never need to."""
+        if self._tokens is None:
+            return None
+        due = self._tokens.seconds_until_refresh()
+        return max(MIN_SESSION_S, due if due is not None else 0.0)
+
+    async def aclose(self) -> None:
+        if self._tokens is not None:
+            await self._tokens.aclose()
+
