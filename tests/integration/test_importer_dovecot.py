@@ -361,6 +361,8 @@ def small_message(n: int) -> bytes:
 
 
 @pytest.mark.slow
+# Above the test's own trio deadlines (120 s + 900 s), which end it cleanly.
+@pytest.mark.timeout(1100)
 async def test_large_mailbox_in_flat_memory(
         db: Database, dovecot: Dovecot, imap_folder: str) -> None:
     total_bytes = sum(len(small_message(n)) for n in range(LARGE_COUNT))
