@@ -24,12 +24,16 @@ from ..db import sqlfiles
 from ..errors import DatabaseError, DatabaseUnavailable
 from ..models import validate_tenant_slug
 from .base import (
+    CONTINUOUS_RUN,
     IndexDocument,
     IndexRejected,
     IndexUnavailable,
+    ParsedQuery,
+    QueryTerm,
     SearchHit,
     SearchQuery,
     SearchResult,
+    parse_query,
     render_snippet,
 )
 
@@ -39,6 +43,56 @@ _CONFIG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 DEFAULT_CONFIGS = ("german", "english")
 #: Characters of body / attachment text that go into the vector (see module doc).
 DEFAULT_MAX_FIELD_CHARS = 200_000
+
+
+def split_continuous(text: str) -> str:
+    """Runs of Chinese, Japanese, Korean and Thai as overlapping bigrams plus
+    the run's last character ("会议室" -> " 会议 议室 室 "): Postgres' parser
+    takes a whole run for one word, so without this a two-character word
+    inside a sentence is never found. Every character starts a token, so a
+    one-character query finds it as a prefix (``tsquery_text``)."""
+    if CONTINUOUS_RUN.search(text) is None:
+        return text
+    return CONTINUOUS_RUN.sub(_bigrams, text)
+
+
+def _bigrams(match: re.Match[str]) -> str:
+    run = match.group()
+    grams = [run[i:i + 2] for i in range(len(run) - 1)] + [run[-1]]
+    return " " + " ".join(grams) + " "
+
+
+def _operands(term: QueryTerm) -> list[str]:
+    out: list[str] = []
+    for word in term.words:
+        if CONTINUOUS_RUN.fullmatch(word) is None:
+            out.append(f"'{word}'")
+        elif len(word) == 1:
+            out.append(f"'{word}':*")  # the first character of a bigram, or the last alone
+        else:
+            out.extend(f"'{word[i:i + 2]}'" for i in range(len(word) - 1))
+    return out
+
+
+def tsquery_text(parsed: ParsedQuery) -> str:
+    """The parsed search language as to_tsquery text (see the migration's
+    ``nexarch_mail_tsquery``). Words hold only letters, marks and digits
+    (``base.is_word_char``), so quoting them needs no escapes; a term of
+    several words is a phrase (``<->``), as are the bigrams of a CJK word."""
+    parts: list[str] = []
+    for group in parsed.groups:
+        rendered: list[str] = []
+        for term in group:
+            phrase = " <-> ".join(_operands(term))
+            rendered.append(f"!({phrase})" if term.negated else f"({phrase})")
+        parts.append(rendered[0] if len(rendered) == 1 else "(" + " | ".join(rendered) + ")")
+    return " & ".join(parts)
+
+
+def _vector_text(stored: str) -> str | None:
+    """What the vector is built from, or None when that is the stored text."""
+    split = split_continuous(stored)
+    return None if split is stored else split
 
 
 class PostgresIndex:
@@ -64,17 +118,27 @@ class PostgresIndex:
             return
         cap = self.max_field_chars
         docs = list(documents)
+        configs = ",".join(self.configs)
+        subjects = [d.subject[:10_000] for d in docs]
+        senders = [d.sender[:10_000] for d in docs]
+        recipients = [d.recipients[:50_000] for d in docs]
+        names = [" ".join(d.attachment_names)[:10_000] for d in docs]
         try:
             await self.db.execute(
-                _SQL["upsert"], self.configs,
+                _SQL["upsert"],
                 [d.tenant_slug for d in docs], [d.archive_id for d in docs],
-                [d.subject[:10_000] for d in docs], [d.sender[:10_000] for d in docs],
+                subjects, senders,
                 [json.dumps(list(d.sender_addresses)) for d in docs],
-                [d.recipients[:50_000] for d in docs], [d.body[:cap] for d in docs],
-                [" ".join(d.attachment_names)[:10_000] for d in docs],
+                recipients, [d.body[:cap] for d in docs], names,
                 [d.attachment_text[:cap] for d in docs], [d.sent_at for d in docs],
                 [json.dumps(list(d.mailboxes)) for d in docs],
-                [d.size_bytes for d in docs])
+                [d.size_bytes for d in docs],
+                [configs for _ in docs],
+                [_vector_text(s) for s in subjects],
+                [_vector_text(f"{s} {r}") for s, r in zip(senders, recipients, strict=True)],
+                [_vector_text(d.body[:cap]) for d in docs],
+                [_vector_text(f"{n} {d.attachment_text[:cap]}")
+                 for n, d in zip(names, docs, strict=True)])
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         except DatabaseError as exc:
@@ -89,24 +153,26 @@ class PostgresIndex:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
 
     async def search(self, query: SearchQuery) -> SearchResult:
-        text = query.text.strip()
+        parsed = parse_query(query.text)
+        text = tsquery_text(parsed)
+        if query.text.strip() and not text:
+            # SearchQuery refuses such a query; never widen it to "everything".
+            return SearchResult(total=0, ignored=parsed.ignored)
         sender = query.sender.strip().lower() if query.sender else None
-        args = (self.configs, query.tenant_slug, text, sender, query.date_from, query.date_to,
-                query.mailbox)
         try:
-            rows = await self.db.fetch(_SQL["search"], *args, query.limit, query.offset)
-            if rows:
-                total = int(rows[0]["total"])
-            else:
-                total = int(await self.db.fetchval(_SQL["count"], *args))
+            # One statement: total and page from one snapshot (see search.sql).
+            rows = await self.db.fetch(_SQL["search"], self.configs, query.tenant_slug, text,
+                                       sender, query.date_from, query.date_to, query.mailbox,
+                                       query.limit, query.offset)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
                       sender=r["sender"], sent_at=r["sent_at"],
                       snippet=render_snippet(r["snippet"] or ""))
-            for r in rows)
-        return SearchResult(total=total, hits=hits)
+            for r in rows if r["archive_id"] is not None)
+        return SearchResult(total=int(rows[0]["total"]) if rows else 0, hits=hits,
+                            ignored=parsed.ignored)
 
     async def document_ids(self, tenant_slug: str) -> set[int]:
         validate_tenant_slug(tenant_slug)

@@ -102,6 +102,9 @@ HTML_INPUT_FACTOR = 8
 #: that the cap would keep.
 _BYTES_PER_CHAR = 4
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Dates before this are clamped to it (with a note); later ones are kept:
+#: mail from before 1970 is real (scanned letters, migrated archives).
+_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 
 
 class MimeError(NexarchError, ValueError):
@@ -861,7 +864,7 @@ class _Parser:
         value = " ".join(value.split())
         if not value:
             return None
-        low = 0
+        low = int((_EARLIEST - _EPOCH).total_seconds())
         high = int(self.now.timestamp()) + 86_400
         parts: tuple[int, int, int, int, int, int, int, int, int, int | None] | None
         m = _DATE.fullmatch(value)
@@ -882,7 +885,7 @@ class _Parser:
             year, month, day, hour, minute, second = parts[:6]
             if (1 <= month <= 12 and 1 <= day <= 31 and 0 <= hour <= 24 and 0 <= minute <= 59
                     and 0 <= second <= 60 and abs(parts[9] or 0) <= 99 * 3600):
-                if year < 1970:
+                if year < _EARLIEST.year:
                     seconds = low - 1
                 elif year > 9999:
                     seconds = high + 1
@@ -902,8 +905,8 @@ class _Parser:
             self.note(f"Date {_quote(value)} could not be parsed")
             return None
         if seconds < low:
-            self.note(f"Date {_quote(value)} clamped to 1970-01-01")
-            return _EPOCH
+            self.note(f"Date {_quote(value)} clamped to {_EARLIEST.date().isoformat()}")
+            return _EARLIEST
         if seconds > high:
             clamped = _EPOCH + timedelta(seconds=high)
             self.note(f"Date {_quote(value)} clamped to {clamped.isoformat()} (now + 1 day)")
