@@ -64,3 +64,38 @@ async def test_a_5_mb_mail_indexes_and_its_first_part_is_searchable(index: Postg
 async def test_configuration_names_are_validated(db: Database) -> None:
     with pytest.raises(ValueError, match="invalid"):
         PostgresIndex(db, configs=("english; DROP TABLE x",))
+
+
+class _WriterBetweenStatements:
+    """The index's database, with another session committing a matching
+    document right after each statement the search runs: the race a
+    separate count statement loses (issue 13)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._next_id = 1000
+
+    async def _commit_one(self) -> None:
+        self._next_id += 1
+        await PostgresIndex(self._db).upsert([doc(self._next_id, body="walrus arrives")])
+
+    async def fetch(self, sql: str, *args: object) -> object:
+        rows = await self._db.fetch(sql, *args)
+        await self._commit_one()
+        return rows
+
+    async def fetchval(self, sql: str, *args: object) -> object:
+        value = await self._db.fetchval(sql, *args)
+        await self._commit_one()
+        return value
+
+
+async def test_total_and_hits_come_from_one_snapshot(db: Database) -> None:
+    racing = PostgresIndex(_WriterBetweenStatements(db))  # type: ignore[arg-type]
+    empty = await racing.search(SearchQuery("tenant-a", "walrus"))
+    assert (empty.total, empty.hits) == (0, ())  # never "total 1" with no hits
+    past_the_end = await racing.search(SearchQuery("tenant-a", "walrus", offset=100))
+    before = past_the_end.total
+    assert past_the_end.hits == () and before == 1  # the one committed after the first search
+    page = await racing.search(SearchQuery("tenant-a", "walrus", limit=100))
+    assert page.total == len(page.hits)

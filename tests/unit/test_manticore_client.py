@@ -29,12 +29,15 @@ from nexarch_events.index.base import (
     SearchResult,
     epoch_seconds,
 )
+from nexarch_events.index.factory import open_index
 from nexarch_events.index.manticore import (
     FIELD_WEIGHTS,
     ManticoreBackend,
+    SchemaMismatch,
     TableMissing,
     translate_query,
 )
+from nexarch_events.settings import Settings
 from tests.support.manticore_standin import (
     JSON_CONTENT_TYPE,
     ManticoreStandIn,
@@ -827,3 +830,51 @@ async def test_standin_canned_answers(standin: ManticoreStandIn) -> None:
     assert body["hits"]["hits"][0]["highlight"] == {"title": ["[t1]"]}
     leaked = await raw(standin, "/search", '{"table":"emails","query":{"query_string":"@x y"}}')
     assert leaked.status_code == 500  # user syntax reaching the server fails loudly here
+
+
+# -- issue 12: operating a real server -------------------------------------------
+
+
+async def test_a_table_of_another_schema_is_a_permanent_error(
+        standin: ManticoreStandIn, backend: ManticoreBackend) -> None:
+    # A table from before the 'dated' column, as an older release created it.
+    old = ("CREATE TABLE nexarch_mail_acme (subject text, body text, sender text, "
+           "recipients text, attachment_names text, attachment_text text, "
+           "sender_address string, sender_ids multi64, mailbox_ids multi64, "
+           "sent_at bigint, size_bytes bigint)")
+    response = await raw(standin, "/sql?mode=raw", old, "text/plain")
+    assert response.status_code == 200
+    with pytest.raises(SchemaMismatch, match="missing dated") as caught:
+        await backend.ensure_schema("acme")
+    assert isinstance(caught.value, IndexRejected)
+    assert "retry" not in str(caught.value)
+
+
+async def test_bulk_requests_stay_below_the_size_limit(standin: ManticoreStandIn) -> None:
+    async with ManticoreBackend(standin.url, timeout=2.0, max_bulk_bytes=4096) as backend:
+        await backend.ensure_schema("acme")
+        docs = [doc(n, body=f"word{n} " + "x" * 1500) for n in range(1, 11)]
+        await backend.upsert(docs)
+    bulks = standin.requests_to("/bulk")
+    assert len(bulks) >= 4
+    assert all(len(r.body) <= 4096 for r in bulks)
+    assert set(standin.tables[TABLE].docs) == set(range(1, 11))
+
+
+async def test_the_request_timeout_is_a_setting(standin: ManticoreStandIn) -> None:
+    settings = Settings.from_env({"NEXARCH_INDEX_BACKEND": "manticore",
+                                  "NEXARCH_MANTICORE_URL": standin.url,
+                                  "NEXARCH_MANTICORE_TIMEOUT": "0.3"})
+    assert settings.manticore_timeout == 0.3
+    with pytest.raises(ConfigurationError, match="manticore_timeout"):
+        Settings.from_env({"NEXARCH_MANTICORE_TIMEOUT": "0"})
+    async with open_index(settings, None) as opened:  # type: ignore[arg-type]
+        standin.hang_next(2.0, endpoint="/search")
+        with pytest.raises(IndexUnavailable, match="no answer within 0.3 s"):
+            await opened.search(SearchQuery("acme", "invoice"))
+
+
+def test_httpx_logs_no_info_line_per_request() -> None:
+    import logging
+
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
