@@ -287,6 +287,9 @@ class SearchResult:
     hits: tuple[SearchHit, ...] = field(default_factory=tuple)
     #: The query's terms that were dropped as unsearchable (``ParsedQuery``).
     ignored: tuple[str, ...] = ()
+    #: False when ``total`` is a lower bound: the backend stopped counting
+    #: there (Postgres counts up to 1,000 beyond the page: show "1,000+").
+    exact_total: bool = True
 
 
 class IndexBackend(Protocol):

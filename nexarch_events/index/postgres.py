@@ -25,6 +25,8 @@ from ..errors import DatabaseError, DatabaseUnavailable
 from ..models import validate_tenant_slug
 from .base import (
     CONTINUOUS_RUN,
+    HIGHLIGHT_END,
+    HIGHLIGHT_START,
     IndexDocument,
     IndexRejected,
     IndexUnavailable,
@@ -41,8 +43,57 @@ _SQL = sqlfiles.queries("search.sql")
 _CONFIG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 DEFAULT_CONFIGS = ("german", "english")
-#: Characters of body / attachment text that go into the vector (see module doc).
+#: Characters of body / attachment text that are stored (see module doc).
 DEFAULT_MAX_FIELD_CHARS = 200_000
+#: Characters of body / attachment text that are stemmed into the vector:
+#: to_tsvector is most of the cost of indexing, and a word past the first
+#: 32,000 characters of a body is rarely what someone searches for.
+DEFAULT_STEM_CHARS = 32_000
+
+#: Matches a search counts and ranks at most (beyond: "1,000+", ranked
+#: among the first 1,000 in storage order). Counting and ranking every
+#: match of a common word costs a read of each one's row.
+DEFAULT_COUNT_LIMIT = 1000
+#: Matches ranked (the first ones in storage order): ranking reads each
+#: one's small rank vector.
+DEFAULT_RANK_LIMIT = 300
+
+#: Frequent function words: a cheap language guess (``detect_configs``).
+_STOP_WORDS = {
+    "german": frozenset(
+        "der die das und ist nicht ein eine einen dem den des mit für auf sich im zu "
+        "von wir ich sie es bitte auch wird sind haben hat bei aus noch wie oder "
+        "aber zum zur vom nach über unter uns ihr ihnen diese dieser wenn dass".split()),
+    "english": frozenset(
+        "the and is are to of in for that with on this it be was were will have has "
+        "you we our your at from by as not please can would should been which "
+        "there their they them if but an".split()),
+}
+_LATIN_WORD = re.compile(r"[a-zäöüß]+")
+#: Characters of subject and body the language guess reads.
+_DETECT_CHARS = 4000
+
+
+def detect_configs(configs: Sequence[str], subject: str, body: str) -> list[str]:
+    """The configurations to stem one message in: its language alone when
+    its function words say so clearly (3+ of one language and at least
+    three times those of the other), else every configured one. Only
+    german and english are told apart; other configurations always stay.
+    The query side ORs every configuration, so a message stemmed in one
+    language is still found by a query in either."""
+    known = [c for c in configs if c in _STOP_WORDS]
+    if len(known) < 2:
+        return list(configs)
+    counts = dict.fromkeys(known, 0)
+    for word in _LATIN_WORD.findall((subject[:500] + " " + body[:_DETECT_CHARS]).lower()):
+        for config in known:
+            if word in _STOP_WORDS[config]:
+                counts[config] += 1
+    best = max(known, key=lambda c: counts[c])
+    others = max(counts[c] for c in known if c != best)
+    if counts[best] >= 3 and counts[best] >= 3 * others:
+        return [c for c in configs if c not in _STOP_WORDS or c == best]
+    return list(configs)
 
 
 def split_continuous(text: str) -> str:
@@ -89,17 +140,58 @@ def tsquery_text(parsed: ParsedQuery) -> str:
     return " & ".join(parts)
 
 
-def _vector_text(stored: str) -> str | None:
-    """What the vector is built from, or None when that is the stored text."""
-    split = split_continuous(stored)
+def _vector_text(stored: str, stem_chars: int | None = None) -> str | None:
+    """What the vector is built from (the first ``stem_chars``, continuous
+    scripts split), or None when that is the stored text itself."""
+    text = stored if stem_chars is None or len(stored) <= stem_chars else stored[:stem_chars]
+    split = split_continuous(text)
     return None if split is stored else split
+
+
+_LEXEME = re.compile(r"'((?:[^']|'')*)'")
+#: Characters a snippet shows before the first match, and in all.
+_SNIPPET_LEAD = 60
+_SNIPPET_CHARS = 240
+
+
+def mark_snippet(text: str, lexemes: str | None) -> str:
+    """About 240 characters of ``text`` around the first word that matches
+    the query, matches between the highlight markers. ``lexemes`` is the
+    query's ``querytree`` text. A word matches when it begins with one of
+    the query's lexemes: Snowball stems are prefixes of most inflected forms
+    ('invoic' of "invoices", 'rechnung' of "Rechnungen"); a CJK bigram
+    matches inside a run. Approximate by design: ts_headline is exact but
+    re-parses every hit under every language, which cost most of a search."""
+    stems = sorted({m.group(1).replace("''", "'") for m in _LEXEME.finditer(lexemes or "")}
+                   - {""}, key=len, reverse=True)
+    if not stems:
+        return text[:200]
+    words = re.compile("|".join(
+        (rf"\w*{re.escape(stem)}\w*" if CONTINUOUS_RUN.fullmatch(stem)
+         else rf"\b{re.escape(stem)}\w*") for stem in stems), re.IGNORECASE)
+    first = words.search(text)
+    if first is None:
+        return text[:200]
+    start = max(0, first.start() - _SNIPPET_LEAD)
+    if start:
+        space = text.find(" ", start)
+        start = space + 1 if 0 <= space < first.start() else first.start()
+    end = min(len(text), start + _SNIPPET_CHARS)
+    if end < len(text):
+        space = text.rfind(" ", first.end(), end)
+        end = space if space > 0 else end
+    window = words.sub(lambda m: HIGHLIGHT_START + m.group() + HIGHLIGHT_END, text[start:end])
+    return ("… " if start else "") + window + (" …" if end < len(text) else "")
 
 
 class PostgresIndex:
     name = "postgres"
 
     def __init__(self, db: Database, *, configs: Sequence[str] = DEFAULT_CONFIGS,
-                 max_field_chars: int = DEFAULT_MAX_FIELD_CHARS) -> None:
+                 max_field_chars: int = DEFAULT_MAX_FIELD_CHARS,
+                 stem_chars: int = DEFAULT_STEM_CHARS, detect_language: bool = True,
+                 count_limit: int = DEFAULT_COUNT_LIMIT,
+                 rank_limit: int = DEFAULT_RANK_LIMIT) -> None:
         if not configs:
             raise ValueError("at least one text-search configuration is needed")
         for config in configs:
@@ -108,6 +200,10 @@ class PostgresIndex:
         self.db = db
         self.configs = list(configs)
         self.max_field_chars = max_field_chars
+        self.stem_chars = min(stem_chars, max_field_chars)
+        self.detect_language = detect_language
+        self.count_limit = count_limit
+        self.rank_limit = rank_limit
 
     async def ensure_schema(self, tenant_slug: str) -> None:
         # One shared table, created by the migrations; tenants are rows.
@@ -116,9 +212,10 @@ class PostgresIndex:
     async def upsert(self, documents: Sequence[IndexDocument]) -> None:
         if not documents:
             return
-        cap = self.max_field_chars
+        cap, stem = self.max_field_chars, self.stem_chars
         docs = list(documents)
-        configs = ",".join(self.configs)
+        configs = [",".join(detect_configs(self.configs, d.subject, d.body)
+                            if self.detect_language else self.configs) for d in docs]
         subjects = [d.subject[:10_000] for d in docs]
         senders = [d.sender[:10_000] for d in docs]
         recipients = [d.recipients[:50_000] for d in docs]
@@ -133,11 +230,11 @@ class PostgresIndex:
                 [d.attachment_text[:cap] for d in docs], [d.sent_at for d in docs],
                 [json.dumps(list(d.mailboxes)) for d in docs],
                 [d.size_bytes for d in docs],
-                [configs for _ in docs],
+                configs,
                 [_vector_text(s) for s in subjects],
                 [_vector_text(f"{s} {r}") for s, r in zip(senders, recipients, strict=True)],
-                [_vector_text(d.body[:cap]) for d in docs],
-                [_vector_text(f"{n} {d.attachment_text[:cap]}")
+                [_vector_text(d.body[:cap], stem) for d in docs],
+                [_vector_text(f"{n} {d.attachment_text[:cap]}", stem + 10_000)
                  for n, d in zip(names, docs, strict=True)])
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
@@ -159,20 +256,30 @@ class PostgresIndex:
             # SearchQuery refuses such a query; never widen it to "everything".
             return SearchResult(total=0, ignored=parsed.ignored)
         sender = query.sender.strip().lower() if query.sender else None
+        # Count (and, for text, rank) at most this many matches; one more
+        # tells "more than that" apart. Paging further raises the bound.
+        cap = max(self.count_limit, query.offset + query.limit) + 1
         try:
             # One statement: total and page from one snapshot (see search.sql).
-            rows = await self.db.fetch(_SQL["search"], self.configs, query.tenant_slug, text,
-                                       sender, query.date_from, query.date_to, query.mailbox,
-                                       query.limit, query.offset)
+            if text:
+                rows = await self.db.fetch(
+                    _SQL["search_text"], self.configs, query.tenant_slug, text, sender,
+                    query.date_from, query.date_to, query.mailbox, query.limit, query.offset,
+                    cap, max(self.rank_limit, query.offset + query.limit))
+            else:
+                rows = await self.db.fetch(
+                    _SQL["search_all"], query.tenant_slug, sender, query.date_from,
+                    query.date_to, query.mailbox, query.limit, query.offset, cap)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
                       sender=r["sender"], sent_at=r["sent_at"],
-                      snippet=render_snippet(r["snippet"] or ""))
+                      snippet=render_snippet(mark_snippet(r["body_head"] or "", r["lexemes"])))
             for r in rows if r["archive_id"] is not None)
-        return SearchResult(total=int(rows[0]["total"]) if rows else 0, hits=hits,
-                            ignored=parsed.ignored)
+        counted = int(rows[0]["total"]) if rows else 0
+        return SearchResult(total=min(counted, cap - 1), hits=hits, ignored=parsed.ignored,
+                            exact_total=counted < cap)
 
     async def document_ids(self, tenant_slug: str) -> set[int]:
         validate_tenant_slug(tenant_slug)

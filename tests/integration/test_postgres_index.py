@@ -13,7 +13,7 @@ import pytest
 
 from nexarch_events.aio import Database
 from nexarch_events.index.base import SearchQuery
-from nexarch_events.index.postgres import PostgresIndex
+from nexarch_events.index.postgres import PostgresIndex, detect_configs
 from tests.integration.test_index_contract import doc
 
 
@@ -99,3 +99,41 @@ async def test_total_and_hits_come_from_one_snapshot(db: Database) -> None:
     assert past_the_end.hits == () and before == 1  # the one committed after the first search
     page = await racing.search(SearchQuery("tenant-a", "walrus", limit=100))
     assert page.total == len(page.hits)
+
+
+@pytest.mark.parametrize(("subject", "body", "expected"), [
+    ("Rechnung", "Anbei die Rechnung für den März, bitte bis Freitag zahlen. Das ist "
+                 "nicht viel.", ["german"]),
+    ("Invoice", "Please find the invoice for March attached, it is due on Friday and "
+                "we would like to have it paid.", ["english"]),
+    ("Hi", "Kurz: ok", ["german", "english"]),                # too little to tell
+    ("Re", "Die Rechnung is attached and the Vertrag ist unterschrieben, the "
+           "end", ["german", "english"]),                       # a mix
+])
+def test_each_message_is_stemmed_in_its_language_when_it_is_clear(
+        subject: str, body: str, expected: list[str]) -> None:
+    assert detect_configs(("german", "english"), subject, body) == expected
+    assert detect_configs(("english",), subject, body) == ["english"]
+    assert detect_configs(("german", "english", "simple"), subject, body) \
+        == [*expected, "simple"]
+
+
+async def test_a_message_stemmed_in_one_language_is_found_from_either(
+        index: PostgresIndex) -> None:
+    german = ("Anbei die Rechnungen für den März. Bitte prüfen Sie die Unterlagen und "
+              "schicken Sie uns eine Bestätigung.")
+    english = "Please find the invoices attached, we would like to have them paid by Friday."
+    await index.upsert([doc(1, body=german), doc(2, body=english)])
+    assert await found(index, "Rechnung") == [1]
+    assert await found(index, "invoice") == [2]
+    assert await found(index, "Rechnungen invoice") == []
+
+
+async def test_only_the_first_stem_chars_are_searchable_but_all_is_stored(db: Database) -> None:
+    index = PostgresIndex(db, stem_chars=1000)
+    body = "aardvarkbeginning " + "filler " * 500 + "zebraending"
+    await index.upsert([doc(1, body=body)])
+    assert await found(index, "aardvarkbeginning") == [1]
+    assert await found(index, "zebraending") == []
+    stored = await db.fetchval("SELECT body FROM mail_search_documents WHERE archive_id = 1")
+    assert stored == body
