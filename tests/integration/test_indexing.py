@@ -215,7 +215,7 @@ async def test_a_manticore_table_of_another_schema_fails_its_jobs_for_good(
     async with open_manticore_standin() as standin, \
             ManticoreBackend(standin.url, verify=False) as backend:
         # A table an older release created, without the 'dated' column.
-        await backend._call(  # noqa: SLF001 - the test plays the older release
+        await backend._call(  # the test plays the older release
             "/sql", b"CREATE TABLE nexarch_mail_acme (subject text, body text, sent_at bigint)",
             "text/plain", params={"mode": "raw"})
         settings = Settings(queue=fast_settings).with_queue(drain_interval=60.0)
