@@ -2,15 +2,23 @@
 else to run).
 
 Language: a list of text-search configurations, default ``german`` and
-``english``. Each document's vector holds its words stemmed by each, and a
+``english``. A document is stemmed in its language when its function words
+make that clear (``detect_configs``), else under every configuration; a
 query matches if it matches under one of them, so "Rechnung" finds
-"Rechnungen" (German) and "run" finds "running" (English) in the same index,
-without guessing each message's language. Weights: subject (A) > sender and
-recipients (B) > body (C) > attachments (D).
+"Rechnungen" (German) and "run" finds "running" (English) in the same
+index. Weights: subject (A) > sender and recipients (B) > body (C) >
+attachments (D).
 
 Postgres' limits (a tsvector must stay under 1 MB; positions stop at 16,383)
-are kept by indexing at most ``max_field_chars`` of the body and of the
-attachment text; longer text stays searchable on its first part.
+and indexing cost are kept by stemming at most ``stem_chars`` of the body
+and of the attachment text (``max_field_chars`` are stored); longer text
+stays searchable on its first part.
+
+Search (``nexarch_mail_search``, migration 0015): one statement, so one
+snapshot; matches come from the GIN index alone, at most ``count_limit`` are
+counted (beyond: ``exact_total`` false) and the first ``rank_limit`` are
+ranked by a small vector (subject, people, the body's first 400
+characters). Snippets mark the query's lexemes in Python (``mark_snippet``).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Postgres full-text specifics: languages and Postgres' own limits.
 
-Configuration chosen: german AND english (both snowball stemmers), every
-document stemmed by both, a query matching under either. Mail in a German
-archive is a mix of both languages, often within one thread; guessing each
-message's language is unreliable on short mails, and 'simple' would find no
-inflected form at all. The cost is a larger vector (two stemmings).
+Configuration chosen: german AND english (both snowball stemmers), a query
+matching under either. A message is stemmed in one of them when its
+function words say so clearly (most of the indexing cost is to_tsvector),
+else in both: mail in a German archive mixes both languages, and a short
+mail gives too little to tell.
 """
 
 from __future__ import annotations
