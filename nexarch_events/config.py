@@ -32,6 +32,7 @@ _TOP = {
     "manticore_url": "NEXARCH_MANTICORE_URL", "search_languages": "NEXARCH_SEARCH_LANGUAGES",
     "log_level": "NEXARCH_LOG_LEVEL", "log_format": "NEXARCH_LOG_FORMAT",
     "secret_key_file": "NEXARCH_SECRET_KEY_FILE",
+    "manticore_timeout": "NEXARCH_MANTICORE_TIMEOUT",
 }
 _SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "queue": ("NEXARCH_QUEUE_", tuple(f.name for f in fields(QueueSettings))),

@@ -153,6 +153,9 @@ class Settings:
     index_backend: str = "postgres"
     #: Manticore's HTTP API, e.g. http://manticore:9308 (index_backend=manticore).
     manticore_url: str | None = None
+    #: Seconds each phase of a Manticore request (connect, send, answer) may
+    #: take: highlighting huge documents and large bulks need more than 10 s.
+    manticore_timeout: float = 30.0
     #: Postgres text-search configurations a document is stemmed with.
     search_languages: tuple[str, ...] = ("german", "english")
 
@@ -162,6 +165,7 @@ class Settings:
             raise ConfigurationError(f"log_format must be 'kv' or 'json', got "
                                      f"{self.log_format!r} (NEXARCH_LOG_FORMAT)")
         _positive_float("command_timeout", self.command_timeout)
+        _positive_float("manticore_timeout", self.manticore_timeout)
         if self.index_backend not in ("postgres", "manticore"):
             raise ConfigurationError(
                 f"index_backend must be 'postgres' or 'manticore', got {self.index_backend!r} "
@@ -234,6 +238,9 @@ class Settings:
             top["index_backend"] = env["NEXARCH_INDEX_BACKEND"]
         if env.get("NEXARCH_MANTICORE_URL"):
             top["manticore_url"] = env["NEXARCH_MANTICORE_URL"]
+        if "NEXARCH_MANTICORE_TIMEOUT" in env:
+            top["manticore_timeout"] = _parse_number(
+                "NEXARCH_MANTICORE_TIMEOUT", env["NEXARCH_MANTICORE_TIMEOUT"], integer=False)
         if env.get("NEXARCH_SEARCH_LANGUAGES"):
             top["search_languages"] = tuple(
                 part.strip() for part in env["NEXARCH_SEARCH_LANGUAGES"].split(",") if part.strip())
@@ -254,7 +261,8 @@ class Settings:
             "NEXARCH_LOG_FORMAT", "NEXARCH_API_HOST", "NEXARCH_API_PORT", "NEXARCH_API_ENABLED",
             "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
-            "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL"})
+            "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL",
+            "NEXARCH_MANTICORE_TIMEOUT"})
 
     def with_queue(self, **changes: object) -> Settings:
         return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]

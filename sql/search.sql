@@ -3,74 +3,89 @@
 
 -- name: upsert
 -- A whole batch in one statement. Replaying it is harmless (idempotent).
--- Arrays are passed as JSON text per document.
+-- Arrays are passed as JSON text per document. $13 names each document's text-search
+-- configurations ("german,english"); $14-$17 are the texts the vector is
+-- built from (runs of continuous scripts split into bigrams, capped), NULL
+-- where they equal the stored text.
 INSERT INTO mail_search_documents
        (tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
-        attachment_names, attachment_text, sent_at, mailboxes, size_bytes, search)
+        attachment_names, attachment_text, sent_at, mailboxes, size_bytes, search,
+        rank_search)
 SELECT d.tenant_slug, d.archive_id, d.subject, d.sender,
        ARRAY(SELECT jsonb_array_elements_text(d.sender_addresses::jsonb)),
        d.recipients, d.body, d.attachment_names, d.attachment_text, d.sent_at,
        ARRAY(SELECT jsonb_array_elements_text(d.mailboxes::jsonb)),
        d.size_bytes,
-       nexarch_mail_tsvector($1::regconfig[], d.subject, d.sender || ' ' || d.recipients,
-                             d.body, d.attachment_names || ' ' || d.attachment_text)
-  FROM unnest($2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
-              $8::text[], $9::text[], $10::text[], $11::timestamptz[], $12::text[],
-              $13::bigint[])
+       nexarch_mail_tsvector(string_to_array(d.configs, ',')::regconfig[],
+                             coalesce(d.v_subject, d.subject),
+                             coalesce(d.v_people, d.sender || ' ' || d.recipients),
+                             coalesce(d.v_body, d.body),
+                             coalesce(d.v_attachments,
+                                      d.attachment_names || ' ' || d.attachment_text)),
+       -- the small vector ranking reads (migration 0015): no attachments,
+       -- the body's first 400 characters (stemming more of it again cost
+       -- a tenth of indexing)
+       nexarch_mail_tsvector(string_to_array(d.configs, ',')::regconfig[],
+                             coalesce(d.v_subject, d.subject),
+                             coalesce(d.v_people, d.sender || ' ' || d.recipients),
+                             left(coalesce(d.v_body, d.body), 400), '')
+  FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
+              $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[],
+              $12::bigint[], $13::text[], $14::text[], $15::text[], $16::text[],
+              $17::text[])
        AS d(tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
-            attachment_names, attachment_text, sent_at, mailboxes, size_bytes)
+            attachment_names, attachment_text, sent_at, mailboxes, size_bytes, configs,
+            v_subject, v_people, v_body, v_attachments)
 ON CONFLICT (tenant_slug, archive_id) DO UPDATE
    SET subject = excluded.subject, sender = excluded.sender,
        sender_addresses = excluded.sender_addresses, recipients = excluded.recipients,
        body = excluded.body, attachment_names = excluded.attachment_names,
        attachment_text = excluded.attachment_text, sent_at = excluded.sent_at,
        mailboxes = excluded.mailboxes, size_bytes = excluded.size_bytes,
-       search = excluded.search, indexed_at = now();
+       search = excluded.search, rank_search = excluded.rank_search, indexed_at = now();
 
 -- name: delete
 DELETE FROM mail_search_documents
  WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[]);
 
--- name: search
--- Every search is scoped to exactly one tenant ($2). Ranked by ts_rank_cd
--- (weights A > B > C > D); an empty query lists newest first. Snippets are
--- computed for the page only, after LIMIT.
-WITH q AS (
-    SELECT nexarch_mail_tsquery($1::regconfig[], $3) AS query
-),
-matches AS (
-    SELECT d.archive_id, d.subject, d.sender, d.sent_at, d.body,
-           CASE WHEN q.query IS NULL THEN 0 ELSE ts_rank_cd(d.search, q.query) END AS score,
-           count(*) OVER () AS total
-      FROM mail_search_documents d, q
-     WHERE d.tenant_slug = $2
-       AND ($3 = '' OR d.search @@ q.query)
-       AND ($4::text IS NULL OR $4 = ANY (d.sender_addresses))
-       AND ($5::timestamptz IS NULL OR d.sent_at >= $5)
-       AND ($6::timestamptz IS NULL OR d.sent_at < $6)
-       AND ($7::text IS NULL OR $7 = ANY (d.mailboxes))
-     ORDER BY score DESC, d.sent_at DESC NULLS LAST, d.archive_id DESC
-     LIMIT $8::int OFFSET $9::int
-)
-SELECT m.archive_id, m.subject, m.sender, m.sent_at, m.score, m.total,
-       -- ts_headline re-parses its input (per language) for every hit: the
-       -- first 5,000 characters keep a search in milliseconds.
-       nexarch_mail_headline($1::regconfig[], left(m.body, 5000), q.query,
-                             'StartSel=' || U&'\E000' || ', StopSel=' || U&'\E001'
-                             || ', MaxFragments=2, MaxWords=25, MinWords=8') AS snippet
-  FROM matches m, q
- ORDER BY m.score DESC, m.sent_at DESC NULLS LAST, m.archive_id DESC;
+-- name: search_text
+-- A text query: nexarch_mail_search (migration 0015) ranks the first $11
+-- matches and counts up to $10, in one statement and one snapshot. $3 is
+-- to_tsquery text written by index/postgres.py. The result has one row at
+-- least: a page past the end gives a single row with the total and NULL
+-- archive_id.
+SELECT total, archive_id, subject, sender_display AS sender, sent_at, score, body_head,
+       lexemes
+  FROM nexarch_mail_search($1::regconfig[], $2, $3, $4, $5, $6, $7, $8::int, $9::int,
+                           $10::int, $11::int);
 
--- name: count
--- The total when the requested page is past the last match (no rows to carry it).
-SELECT count(*)
-  FROM mail_search_documents d
- WHERE d.tenant_slug = $2
-   AND ($3 = '' OR d.search @@ nexarch_mail_tsquery($1::regconfig[], $3))
-   AND ($4::text IS NULL OR $4 = ANY (d.sender_addresses))
-   AND ($5::timestamptz IS NULL OR d.sent_at >= $5)
-   AND ($6::timestamptz IS NULL OR d.sent_at < $6)
-   AND ($7::text IS NULL OR $7 = ANY (d.mailboxes));
+-- name: search_all
+-- The empty query: every message of the tenant ($1) that passes the
+-- filters, newest first, undated last (index mail_search_documents_newest);
+-- counted up to $8 in the same statement (one snapshot). One row at least,
+-- as search_text.
+WITH found AS MATERIALIZED (
+    SELECT d.archive_id, d.sent_at
+      FROM mail_search_documents d
+     WHERE d.tenant_slug = $1
+       AND ($2::text IS NULL OR $2 = ANY (d.sender_addresses))
+       AND ($3::timestamptz IS NULL OR d.sent_at >= $3)
+       AND ($4::timestamptz IS NULL OR d.sent_at < $4)
+       AND ($5::text IS NULL OR $5 = ANY (d.mailboxes))
+     ORDER BY d.sent_at DESC NULLS LAST, d.archive_id DESC
+     LIMIT $8::int
+),
+page AS (
+    SELECT f.archive_id, f.sent_at FROM found f
+     ORDER BY f.sent_at DESC NULLS LAST, f.archive_id DESC
+     LIMIT $6::int OFFSET $7::int
+)
+SELECT t.total, p.archive_id, d.subject, d.sender, p.sent_at, 0::real AS score,
+       left(d.body, 200) AS body_head, NULL::text AS lexemes
+  FROM (SELECT count(*) AS total FROM found) t
+  LEFT JOIN page p ON true
+  LEFT JOIN mail_search_documents d ON d.tenant_slug = $1 AND d.archive_id = p.archive_id
+ ORDER BY p.sent_at DESC NULLS LAST, p.archive_id DESC;
 
 -- name: ids_page
 SELECT archive_id FROM mail_search_documents

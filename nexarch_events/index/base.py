@@ -51,12 +51,79 @@ class InvalidQuery(NexarchError, ValueError):
 
 @dataclass(frozen=True, slots=True)
 class QueryTerm:
-    #: the term's words (letters, digits, underscore); several = a phrase
+    #: the term's words; several = a phrase. A word is a run of letters,
+    #: combining marks and decimal digits (``is_word_char``); a run of a
+    #: continuous script (``is_continuous``: Chinese, Japanese, Korean, Thai)
+    #: is always a word of its own, which each backend splits as it indexes
+    #: such text (Postgres: overlapping bigrams; Manticore: single characters).
     words: tuple[str, ...]
     negated: bool
 
 
-_WORD = re.compile(r"\w+")
+@dataclass(frozen=True, slots=True)
+class ParsedQuery:
+    #: AND-ed groups of OR-ed terms
+    groups: tuple[tuple[QueryTerm, ...], ...]
+    #: the user's terms that hold nothing searchable (only punctuation,
+    #: symbols, ``_``, superscripts ...): dropped, and reported as such
+    ignored: tuple[str, ...]
+
+
+#: Scripts written without spaces between words (Manticore's ``cont``
+#: character set): Han, Hiragana, Katakana, Hangul, Thai.
+_CONTINUOUS = (
+    (0x0E00, 0x0E7F),    # Thai
+    (0x1100, 0x11FF),    # Hangul Jamo
+    (0x3040, 0x30FF),    # Hiragana, Katakana
+    (0x3130, 0x318F),    # Hangul compatibility Jamo
+    (0x31F0, 0x31FF),    # Katakana phonetic extensions
+    (0x3400, 0x4DBF),    # CJK extension A
+    (0x4E00, 0x9FFF),    # CJK unified ideographs
+    (0xAC00, 0xD7AF),    # Hangul syllables
+    (0xF900, 0xFAFF),    # CJK compatibility ideographs
+    (0xFF66, 0xFF9F),    # half-width Katakana
+    (0x20000, 0x3134F),  # CJK extensions B-H
+)
+_CONTINUOUS_CLASS = "".join(f"\\U{lo:08x}-\\U{hi:08x}" for lo, hi in _CONTINUOUS)
+#: A run of continuous-script characters.
+CONTINUOUS_RUN = re.compile(f"[{_CONTINUOUS_CLASS}]+")
+
+
+def is_continuous(char: str) -> bool:
+    code = ord(char)
+    return any(lo <= code <= hi for lo, hi in _CONTINUOUS)
+
+
+def is_word_char(char: str) -> bool:
+    """Letters, combining marks and decimal digits: what both backends index
+    (Manticore's charset_table ``non_cont`` + ``ngram_chars='cont'``; Postgres'
+    parser). Everything else separates words: punctuation, symbols, ``_``,
+    superscripts and circled numbers (``²`` ``①``), which Python's ``\\w``
+    would take for word characters but Manticore does not."""
+    category = unicodedata.category(char)
+    return category[0] in "LM" or category == "Nd"
+
+
+def split_words(text: str) -> tuple[str, ...]:
+    """The words of ``text`` as the search language sees them (see QueryTerm)."""
+    words: list[str] = []
+    current: list[str] = []
+    current_cont = False
+    for char in text:
+        if not is_word_char(char):
+            if current:
+                words.append("".join(current))
+                current = []
+            continue
+        cont = is_continuous(char)
+        if current and cont != current_cont:
+            words.append("".join(current))
+            current = []
+        current.append(char)
+        current_cont = cont
+    if current:
+        words.append("".join(current))
+    return tuple(words)
 
 
 def _scan(text: str) -> list[tuple[str, bool, bool]]:
@@ -86,22 +153,26 @@ def _scan(text: str) -> list[tuple[str, bool, bool]]:
     return terms
 
 
-def parse_user_query(text: str) -> list[list[QueryTerm]]:
+def parse_query(text: str) -> ParsedQuery:
     """The search language every backend understands, as AND-ed groups of
     OR-ed terms: words are AND-ed; ``"a phrase"``; ``-word`` / ``-"a phrase"``
     excludes; ``OR`` (any case) between two terms makes an alternative.
-    Everything but letters, digits and underscore separates words.
-
-    Raises InvalidQuery when a non-empty query has no word to search for.
+    Only letters, marks and digits make words (``is_word_char``); a term
+    without any is dropped and listed in ``ignored``, never searched as
+    "anything". Does not raise: ``parse_user_query`` says what is missing.
     """
     groups: list[list[QueryTerm]] = []
+    ignored: list[str] = []
     pending_or = False
     for raw, quoted, negated in _scan(unicodedata.normalize("NFC", text)):
         if not quoted and not negated and raw.lower() == "or":
             pending_or = True
             continue
-        words = tuple(_WORD.findall(raw))
+        words = split_words(raw)
         if not words:
+            shown = ("-" if negated else "") + (f'"{raw}"' if quoted else raw)
+            if shown.strip('"-'):
+                ignored.append(shown)
             continue
         term = QueryTerm(words, negated)
         if pending_or and not negated and groups and not groups[-1][0].negated:
@@ -109,12 +180,22 @@ def parse_user_query(text: str) -> list[list[QueryTerm]]:
         else:
             groups.append([term])
         pending_or = False
+    return ParsedQuery(tuple(tuple(g) for g in groups), tuple(ignored))
+
+
+def parse_user_query(text: str) -> list[list[QueryTerm]]:
+    """``parse_query``'s groups; raises InvalidQuery when a non-empty query has
+    no word to search for (naming the terms it ignored), or only excludes."""
+    parsed = parse_query(text)
+    groups = [list(g) for g in parsed.groups]
     if not any(not group[0].negated for group in groups):
         if groups:
             raise InvalidQuery("the query only excludes words: add at least one word "
                                "to search for")
-        raise InvalidQuery("the query has no words to search for (punctuation and "
-                           "search operators are ignored)")
+        named = ", ".join(repr(t) for t in parsed.ignored[:10])
+        raise InvalidQuery("the query has no words to search for (punctuation, symbols and "
+                           "search operators are ignored" + (f": {named}" if named else "")
+                           + ")")
     return groups
 
 
@@ -135,7 +216,8 @@ class IndexDocument:
     body: str
     attachment_names: tuple[str, ...]
     attachment_text: str
-    #: Date header clamped to a sane range, or None if absent/unparseable.
+    #: Date header (any date from 1900 to 9999 is kept as it is), or None if
+    #: absent/unparseable: "no date" is explicit in every backend, never 0.
     sent_at: datetime | None
     #: Names of the mailboxes the message was seen in.
     mailboxes: tuple[str, ...] = ()
@@ -203,6 +285,11 @@ class SearchResult:
     #: Matches in total (for paging), not just this page.
     total: int
     hits: tuple[SearchHit, ...] = field(default_factory=tuple)
+    #: The query's terms that were dropped as unsearchable (``ParsedQuery``).
+    ignored: tuple[str, ...] = ()
+    #: False when ``total`` is a lower bound: the backend stopped counting
+    #: there (Postgres counts up to 1,000 beyond the page: show "1,000+").
+    exact_total: bool = True
 
 
 class IndexBackend(Protocol):
@@ -238,8 +325,13 @@ def render_snippet(marked: str) -> str:
     return escaped.replace(HIGHLIGHT_START, "<mark>").replace(HIGHLIGHT_END, "</mark>")
 
 
-def epoch_seconds(value: datetime | None) -> int:
-    """Seconds since 1970 as a 64-bit integer (Manticore's timestamp is 32-bit)."""
-    if value is None:
-        return 0
+def epoch_seconds(value: datetime) -> int:
+    """Seconds since 1970 as a signed 64-bit integer: negative before 1970
+    (Manticore's ``timestamp`` is unsigned 32-bit, so the index keeps a bigint).
+    "No date" is not a number: callers keep it apart (Manticore: ``dated``)."""
     return int(value.astimezone(UTC).timestamp())
+
+
+#: Dates the index keeps as they are (``IndexDocument.sent_at``).
+EARLIEST_DATE = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST_DATE = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)

@@ -19,7 +19,8 @@ async def open_index(settings: Settings, db: Database) -> AsyncIterator[IndexBac
         from .manticore import ManticoreBackend
 
         assert settings.manticore_url is not None  # Settings validated it
-        backend = ManticoreBackend(settings.manticore_url)
+        backend = ManticoreBackend(settings.manticore_url,
+                                   timeout=settings.manticore_timeout)
     else:
         backend = PostgresIndex(db, configs=settings.search_languages)
     try:

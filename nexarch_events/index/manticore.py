@@ -25,11 +25,21 @@ Schema of a tenant table (``CREATE_TABLE_SQL``):
   (spaces, quotes, non-ASCII) out of every query. Values stay below 2^63
   because of the large-id bugs in mail-notes 3.4. A collision needs two
   names with equal 63-bit hashes (odds around n^2 / 2^64).
-* ``sent_at bigint`` (epoch seconds; 0 = no date; Manticore's ``timestamp``
-  is 32-bit), ``size_bytes bigint``.
+* ``sent_at bigint`` (epoch seconds, negative before 1970; Manticore's
+  ``timestamp`` is unsigned 32-bit) and ``dated bool``: "no date" is
+  ``dated`` false, never a number (0 is 1970-01-01T00:00Z).
+  ``size_bytes bigint``.
 * ``charset_table`` keeps German umlauts apart from a/o/u and
   ``morphology='stem_en, libstemmer_de'``: the combination a real server
-  accepted (mail-notes 6).
+  accepted (mail-notes 6). Characters outside charset_table separate words
+  (Low-level_tokenization.md), so the search language
+  (``base.is_word_char``) only makes words of what the table indexes.
+* ``ngram_chars='cont' ngram_len='1'``: Chinese, Japanese, Korean and Thai
+  (written without spaces; outside ``non_cont``) are indexed one character
+  a token (Languages_with_continuous_scripts.md); a query word of such a
+  script becomes the phrase of its characters (``translate_query``).
+* ``regexp_filter``: ä ö ü ß are written out (ae oe ue ss) in documents and
+  queries alike, so Grüße finds Gruesse and Straße finds Strasse.
 
 ``ensure_schema`` only creates a missing table (``IF NOT EXISTS``); it does
 not change an existing one.
@@ -53,6 +63,7 @@ import httpx
 from ..errors import ConfigurationError, InvalidJobError
 from ..models import validate_tenant_slug
 from .base import (
+    CONTINUOUS_RUN,
     HIGHLIGHT_END,
     HIGHLIGHT_START,
     MAX_DOCUMENT_ID,
@@ -64,14 +75,19 @@ from .base import (
     SearchQuery,
     SearchResult,
     epoch_seconds,
+    parse_query,
     parse_user_query,
     render_snippet,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CREATE_TABLE_SQL", "FIELD_WEIGHTS", "ManticoreBackend", "TableMissing",
-           "translate_query"]
+__all__ = ["CREATE_TABLE_SQL", "FIELD_WEIGHTS", "ManticoreBackend", "SchemaMismatch",
+           "TableMissing", "translate_query"]
+
+# One INFO line per request from httpx is noise in a service's log: its
+# warnings still show. (aio/imap.py does the same for aioimaplib.)
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 #: One statement per /sql request (mail-notes 6: multi-statement requests do not
 #: behave as documented). ``{table}`` is the only variable part, and it is
@@ -81,11 +97,20 @@ CREATE_TABLE_SQL: Final = (
     "subject text, body text, sender text, recipients text, "
     "attachment_names text, attachment_text text, "
     "sender_address string, sender_ids multi64, mailbox_ids multi64, "
-    "sent_at bigint, size_bytes bigint"
+    "sent_at bigint, dated bool, size_bytes bigint"
     ") charset_table='non_cont, U+00E4, U+00C4->U+00E4, U+00F6, U+00D6->U+00F6, "
     "U+00FC, U+00DC->U+00FC, U+00DF, U+1E9E->U+00DF' "
+    "ngram_chars='cont' ngram_len='1' "
+    "regexp_filter='[äÄ] => ae' regexp_filter='[öÖ] => oe' regexp_filter='[üÜ] => ue' "
+    "regexp_filter='[ßẞ] => ss' "
     "morphology='stem_en, libstemmer_de'"
 )
+
+#: The columns a tenant table must have, by name, as ``DESC`` shows them
+#: (``id`` included); ``ensure_schema`` checks an existing table against it.
+TABLE_COLUMNS: Final = frozenset({
+    "id", "subject", "body", "sender", "recipients", "attachment_names", "attachment_text",
+    "sender_address", "sender_ids", "mailbox_ids", "sent_at", "dated", "size_bytes"})
 
 #: subject > sender/recipients > body > attachments (Options.md, field_weights).
 FIELD_WEIGHTS: Final[dict[str, int]] = {
@@ -107,6 +132,10 @@ _ID_PAGE: Final = 1000
 #: Delete requests carry at most this many ids (a tenant purge stays a
 #: series of bounded requests; delete is idempotent, so a partial run is fine).
 _DELETE_CHUNK: Final = 5000
+#: Largest /bulk request body we send. Manticore refuses requests above its
+#: max_packet_size (default 128 MiB) and a huge bulk can outlast any
+#: timeout; a single larger document still goes alone (and may be refused).
+DEFAULT_MAX_BULK_BYTES: Final = 16 * 1024 * 1024
 #: Manticore's messages are echoed into exceptions, bounded.
 _MESSAGE_LIMIT: Final = 500
 
@@ -121,13 +150,23 @@ _MISSING_TABLE = re.compile(
 _PERMANENT = re.compile(
     r"unknown column|syntax error|parse|duplicate id|already exists|no field"
     r"|property missing|out of bounds|not allowed|should be|requires|invalid"
-    r"|unsupported|non-computable|P0\d:", re.IGNORECASE)
+    r"|unsupported|non-computable|P0\d:"
+    # A table of another schema (searchd: "sort-by attribute '%s' not found",
+    # "unknown attribute", "no such attribute", "not found in schema"):
+    # retrying cannot add the column.
+    r"|attribute '[^']*' not found|unknown attribute|no such attribute|not found in schema"
+    r"|packet too large|too large", re.IGNORECASE)
 #: Statuses that mean "busy or in the way", whatever the body says.
 _RETRYABLE_STATUS: Final = frozenset({408, 425, 429, 502, 503, 504})
 
 
 class TableMissing(IndexRejected):
     """The tenant's table does not exist: run ``ensure_schema`` for it."""
+
+
+class SchemaMismatch(IndexRejected):
+    """The tenant's table exists with other columns than this client writes:
+    permanent until it is recreated (and the tenant reindexed)."""
 
 
 # -- the user's query language -> Manticore query_string ---------------------
@@ -149,15 +188,20 @@ def translate_query(text: str) -> str:
     is nothing to search for; the empty query is the caller's (match all).
     """
     parts: list[str] = []
-    for group in parse_user_query(text):
+    for group in parse_user_query(text):  # raises InvalidQuery: nothing searchable
         rendered = [_render(term) for term in group]
         parts.append(rendered[0] if len(rendered) == 1 else "(" + " | ".join(rendered) + ")")
     return " ".join(parts)
 
 
 def _render(term: QueryTerm) -> str:
-    words = tuple(w.translate(_ASCII_LOWER) for w in term.words)
-    text = words[0] if len(words) == 1 else '"' + " ".join(words) + '"'
+    tokens: list[str] = []
+    for word in term.words:
+        if CONTINUOUS_RUN.fullmatch(word):
+            tokens.extend(word)  # one token a character, as ngram_len=1 indexed it
+        else:
+            tokens.append(word.translate(_ASCII_LOWER))
+    text = tokens[0] if len(tokens) == 1 else '"' + " ".join(tokens) + '"'
     return "-" + text if term.negated else text
 
 
@@ -199,9 +243,25 @@ def _document_fields(doc: IndexDocument) -> dict[str, object]:
         "sender_address": _clean(addresses[0]) if addresses else "",
         "sender_ids": sorted({_sender_key(a) for a in addresses}),
         "mailbox_ids": sorted({_mailbox_key(m) for m in doc.mailboxes}),
-        "sent_at": epoch_seconds(doc.sent_at),
+        "sent_at": epoch_seconds(doc.sent_at) if doc.sent_at is not None else 0,
+        "dated": doc.sent_at is not None,
         "size_bytes": max(0, doc.size_bytes),
     }
+
+
+def _chunks(lines: Sequence[bytes], limit: int) -> Iterable[bytes]:
+    """NDJSON lines joined into request bodies of at most ``limit`` bytes
+    (a single longer line is a body of its own)."""
+    body: list[bytes] = []
+    size = 0
+    for line in lines:
+        if body and size + len(line) > limit:
+            yield b"".join(body)
+            body, size = [], 0
+        body.append(line)
+        size += len(line)
+    if body:
+        yield b"".join(body)
 
 
 def _ndjson(lines: Iterable[dict[str, object]]) -> bytes:
@@ -312,8 +372,9 @@ class ManticoreBackend:
     name = "manticore"
 
     def __init__(self, base_url: str, *, table_prefix: str = "nexarch_mail_",
-                 timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
-                 verify: bool | str = True, auth: tuple[str, str] | None = None) -> None:
+                 timeout: float = 30.0, transport: httpx.AsyncBaseTransport | None = None,
+                 verify: bool | str = True, auth: tuple[str, str] | None = None,
+                 max_bulk_bytes: int = DEFAULT_MAX_BULK_BYTES) -> None:
         try:
             url = httpx.URL(base_url)
         except (httpx.InvalidURL, TypeError) as exc:
@@ -328,6 +389,10 @@ class ManticoreBackend:
                 "starting with a letter or _, at most 64 characters")
         if not timeout > 0:
             raise ConfigurationError(f"Manticore timeout must be positive, got {timeout!r}")
+        if max_bulk_bytes < 1024:
+            raise ConfigurationError(f"Manticore max_bulk_bytes must be >= 1024, got "
+                                     f"{max_bulk_bytes!r}")
+        self._max_bulk_bytes = max_bulk_bytes
         # Only scheme, host and port ever appear in messages: never userinfo.
         host = f"[{url.host}]" if ":" in url.host else url.host
         port = f":{url.port}" if url.port else ""
@@ -387,9 +452,32 @@ class ManticoreBackend:
         return template.format(table=table)
 
     async def ensure_schema(self, tenant_slug: str) -> None:
-        """Create the tenant's table unless it exists (idempotent)."""
+        """Create the tenant's table unless it exists (idempotent), then check
+        that its columns are the ones this client writes: raises
+        SchemaMismatch (permanent) for a table of another schema."""
         table = self.table_name(tenant_slug)
         await self._call("/sql", self._ddl(CREATE_TABLE_SQL, table).encode(),
+                         "text/plain; charset=utf-8", params={"mode": "raw"})
+        reply = await self._call("/sql", self._ddl("DESC {table}", table).encode(),
+                                 "text/plain; charset=utf-8", params={"mode": "raw"})
+        found: set[str] = set()
+        if isinstance(reply, list):
+            for result in reply:
+                rows = result.get("data") if isinstance(result, dict) else None
+                for row in rows if isinstance(rows, list) else []:
+                    if isinstance(row, dict) and isinstance(row.get("Field"), str):
+                        found.add(row["Field"].lower())
+        missing = sorted(TABLE_COLUMNS - found)
+        if missing:
+            raise SchemaMismatch(
+                f"{self._label('/sql')}: table {table} has another schema (missing "
+                f"{', '.join(missing)}); ensure_schema only creates missing tables: drop "
+                "it and reindex the tenant")
+
+    async def drop_schema(self, tenant_slug: str) -> None:
+        """Drop the tenant's table and every document in it (idempotent)."""
+        table = self.table_name(tenant_slug)
+        await self._call("/sql", self._ddl("DROP TABLE IF EXISTS {table}", table).encode(),
                          "text/plain; charset=utf-8", params={"mode": "raw"})
 
     # -- writes --------------------------------------------------------------
@@ -397,26 +485,28 @@ class ManticoreBackend:
     async def upsert(self, documents: Sequence[IndexDocument]) -> None:
         """Replace (insert or overwrite) documents by archive id.
 
-        One /bulk request per tenant; each is one Manticore transaction: all
-        of a tenant's documents land or none do. ``replace`` makes a replayed
-        batch harmless (``insert`` would fail it with 409). When the tenant's
-        table is missing, this creates it (``ensure_schema``) and sends the
-        batch once more: indexing a new tenant's first message needs no
-        separate provisioning step.
+        One /bulk request per tenant and at most ``max_bulk_bytes`` of
+        documents (a larger batch is sent in several requests, each one
+        Manticore transaction; a retry replays the whole batch). ``replace``
+        makes a replayed batch harmless (``insert`` would fail it with 409).
+        When the tenant's table is missing, this creates it
+        (``ensure_schema``) and sends the request once more: indexing a new
+        tenant's first message needs no separate provisioning step.
         """
         by_tenant: dict[str, list[IndexDocument]] = {}
         for doc in documents:
             by_tenant.setdefault(doc.tenant_slug, []).append(doc)
         for slug, docs in by_tenant.items():
             table = self.table_name(slug)
-            body = _ndjson({"replace": {"table": table, "id": doc.archive_id,
-                                        "doc": _document_fields(doc)}} for doc in docs)
-            try:
-                await self._call("/bulk", body, "application/x-ndjson")
-            except TableMissing:
-                logger.info("Manticore table %s is missing: creating it", table)
-                await self.ensure_schema(slug)
-                await self._call("/bulk", body, "application/x-ndjson")
+            lines = [_ndjson([{"replace": {"table": table, "id": doc.archive_id,
+                                           "doc": _document_fields(doc)}}]) for doc in docs]
+            for body in _chunks(lines, self._max_bulk_bytes):
+                try:
+                    await self._call("/bulk", body, "application/x-ndjson")
+                except TableMissing:
+                    logger.info("Manticore table %s is missing: creating it", table)
+                    await self.ensure_schema(slug)
+                    await self._call("/bulk", body, "application/x-ndjson")
 
     async def delete(self, tenant_slug: str, archive_ids: Sequence[int]) -> None:
         """Remove documents by id; unknown ids, and a missing table, are no-ops."""
@@ -441,14 +531,17 @@ class ManticoreBackend:
         ids: set[int] = set()
         last = 0
         while True:
-            reply = await self._call("/search", json.dumps({
+            try:
+                reply = await self._call("/search", json.dumps({
                 "table": table,
-                "query": {"range": {"id": {"gt": last}}},
-                "sort": [{"id": "asc"}],
-                "limit": _ID_PAGE,
-                "max_matches": _ID_PAGE,
-                "_source": ["sent_at"],
-            }).encode(), "application/json")
+                    "query": {"range": {"id": {"gt": last}}},
+                    "sort": [{"id": "asc"}],
+                    "limit": _ID_PAGE,
+                    "max_matches": _ID_PAGE,
+                    "_source": ["sent_at"],
+                }).encode(), "application/json")
+            except TableMissing:
+                return ids  # no table yet: no documents (as in Postgres)
             page = [i for i in (_int(h.get("_id")) for h in self._hits(reply, "/search")[1])
                     if i is not None]
             ids.update(page)
@@ -459,13 +552,22 @@ class ManticoreBackend:
     async def search(self, query: SearchQuery) -> SearchResult:
         """Ranked hits of the query's tenant (its table and nothing else).
 
-        Raises InvalidQuery (nothing to search for), IndexRejected (e.g. the
-        tenant has no table yet), IndexUnavailable.
+        One /search request: the total and the hits come from one reply, so
+        from one snapshot of the table. A tenant without a table has no
+        documents: 0 hits, as in Postgres. Raises InvalidQuery (nothing to
+        search for), IndexRejected, IndexUnavailable.
         """
         table = self.table_name(query.tenant_slug)
-        must: list[dict[str, object]] = (
-            [{"query_string": translate_query(query.text)}] if query.text.strip()
-            else [{"match_all": {}}])  # the empty query lists everything, newest first
+        ignored: tuple[str, ...] = ()
+        if query.text.strip():
+            translated = translate_query(query.text)
+            ignored = parse_query(query.text).ignored
+            if not translated.strip():
+                # Manticore matches everything when no term is left: never send that.
+                return SearchResult(total=0, ignored=ignored)
+            must: list[dict[str, object]] = [{"query_string": translated}]
+        else:
+            must = [{"match_all": {}}]  # the empty query lists everything, newest first
         must_not: list[dict[str, object]] = []
         if query.date_from is not None or query.date_to is not None:
             bounds: dict[str, int] = {}
@@ -474,8 +576,8 @@ class ManticoreBackend:
             if query.date_to is not None:
                 bounds["lt"] = epoch_seconds(query.date_to)
             must.append({"range": {"sent_at": bounds}})
-            # sent_at 0 stands for "no date": such mail is outside every range.
-            must_not.append({"equals": {"sent_at": 0}})
+            # Mail without a date is outside every range (its sent_at means nothing).
+            must.append({"equals": {"dated": 1}})
         if query.sender is not None:
             must.append({"equals": {"any(sender_ids)": _sender_key(query.sender)}})
         if query.mailbox is not None:
@@ -486,16 +588,17 @@ class ManticoreBackend:
         request = {
             "table": table,
             "query": {"bool": boolean},
-            # Ties (equal scores) go newest first, then by id: stable pages.
-            # Ties: newest first, then the higher id (as the Postgres backend).
-            "sort": [{"_score": "desc"}, {"sent_at": "desc"}, {"id": "desc"}],
+            # Ties: newest first, undated last, then the higher id (as the
+            # Postgres backend's "sent_at DESC NULLS LAST, archive_id DESC").
+            "sort": [{"_score": "desc"}, {"dated": "desc"}, {"sent_at": "desc"},
+                     {"id": "desc"}],
             "track_scores": True,
             "limit": query.limit,
             "offset": query.offset,
             # Paging past the default window errors unless max_matches covers
             # offset+limit (Pagination.md, mail-notes 3.2).
             "max_matches": max(_DEFAULT_MAX_MATCHES, query.offset + query.limit),
-            "_source": ["subject", "sender", "sent_at"],
+            "_source": ["subject", "sender", "sent_at", "dated"],
             "highlight": {
                 "fields": list(_SNIPPET_FIELDS),
                 "pre_tags": HIGHLIGHT_START,
@@ -503,7 +606,11 @@ class ManticoreBackend:
             },
             "options": {"field_weights": FIELD_WEIGHTS},
         }
-        reply = await self._call("/search", json.dumps(request).encode(), "application/json")
+        try:
+            reply = await self._call("/search", json.dumps(request).encode(),
+                                     "application/json")
+        except TableMissing:
+            return SearchResult(total=0, ignored=ignored)
         total, raw_hits = self._hits(reply, "/search")
         hits: list[SearchHit] = []
         for raw in raw_hits:
@@ -514,15 +621,17 @@ class ManticoreBackend:
             source: dict[str, object] = found if isinstance(found, dict) else {}
             score = raw.get("_score")
             sent = _int(source.get("sent_at"))
+            dated = source.get("dated")
             hits.append(SearchHit(
                 archive_id=archive_id,
                 score=float(score) if isinstance(score, int | float) else 0.0,
                 subject=_str(source.get("subject")),
                 sender=_str(source.get("sender")),
-                sent_at=datetime.fromtimestamp(sent, UTC) if sent else None,
+                sent_at=(datetime.fromtimestamp(sent, UTC)
+                         if sent is not None and dated in (True, 1) else None),
                 snippet=render_snippet(self._snippet(raw.get("highlight"))),
             ))
-        return SearchResult(total=total, hits=tuple(hits))
+        return SearchResult(total=total, hits=tuple(hits), ignored=ignored)
 
     @staticmethod
     def _snippet(highlight: object) -> str:

@@ -2,15 +2,23 @@
 else to run).
 
 Language: a list of text-search configurations, default ``german`` and
-``english``. Each document's vector holds its words stemmed by each, and a
+``english``. A document is stemmed in its language when its function words
+make that clear (``detect_configs``), else under every configuration; a
 query matches if it matches under one of them, so "Rechnung" finds
-"Rechnungen" (German) and "run" finds "running" (English) in the same index,
-without guessing each message's language. Weights: subject (A) > sender and
-recipients (B) > body (C) > attachments (D).
+"Rechnungen" (German) and "run" finds "running" (English) in the same
+index. Weights: subject (A) > sender and recipients (B) > body (C) >
+attachments (D).
 
 Postgres' limits (a tsvector must stay under 1 MB; positions stop at 16,383)
-are kept by indexing at most ``max_field_chars`` of the body and of the
-attachment text; longer text stays searchable on its first part.
+and indexing cost are kept by stemming at most ``stem_chars`` of the body
+and of the attachment text (``max_field_chars`` are stored); longer text
+stays searchable on its first part.
+
+Search (``nexarch_mail_search``, migration 0015): one statement, so one
+snapshot; matches come from the GIN index alone, at most ``count_limit`` are
+counted (beyond: ``exact_total`` false) and the first ``rank_limit`` are
+ranked by a small vector (subject, people, the body's first 400
+characters). Snippets mark the query's lexemes in Python (``mark_snippet``).
 """
 
 from __future__ import annotations
@@ -24,12 +32,18 @@ from ..db import sqlfiles
 from ..errors import DatabaseError, DatabaseUnavailable
 from ..models import validate_tenant_slug
 from .base import (
+    CONTINUOUS_RUN,
+    HIGHLIGHT_END,
+    HIGHLIGHT_START,
     IndexDocument,
     IndexRejected,
     IndexUnavailable,
+    ParsedQuery,
+    QueryTerm,
     SearchHit,
     SearchQuery,
     SearchResult,
+    parse_query,
     render_snippet,
 )
 
@@ -37,15 +51,155 @@ _SQL = sqlfiles.queries("search.sql")
 _CONFIG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 DEFAULT_CONFIGS = ("german", "english")
-#: Characters of body / attachment text that go into the vector (see module doc).
+#: Characters of body / attachment text that are stored (see module doc).
 DEFAULT_MAX_FIELD_CHARS = 200_000
+#: Characters of body / attachment text that are stemmed into the vector:
+#: to_tsvector is most of the cost of indexing, and a word past the first
+#: 32,000 characters of a body is rarely what someone searches for.
+DEFAULT_STEM_CHARS = 32_000
+
+#: Matches a search counts and ranks at most (beyond: "1,000+", ranked
+#: among the first 1,000 in storage order). Counting and ranking every
+#: match of a common word costs a read of each one's row.
+DEFAULT_COUNT_LIMIT = 1000
+#: Matches ranked (the first ones in storage order): ranking reads each
+#: one's small rank vector.
+DEFAULT_RANK_LIMIT = 300
+
+#: Frequent function words: a cheap language guess (``detect_configs``).
+_STOP_WORDS = {
+    "german": frozenset(
+        "der die das und ist nicht ein eine einen dem den des mit für auf sich im zu "
+        "von wir ich sie es bitte auch wird sind haben hat bei aus noch wie oder "
+        "aber zum zur vom nach über unter uns ihr ihnen diese dieser wenn dass".split()),
+    "english": frozenset(
+        "the and is are to of in for that with on this it be was were will have has "
+        "you we our your at from by as not please can would should been which "
+        "there their they them if but an".split()),
+}
+_LATIN_WORD = re.compile(r"[a-zäöüß]+")
+#: Characters of subject and body the language guess reads.
+_DETECT_CHARS = 4000
+
+
+def detect_configs(configs: Sequence[str], subject: str, body: str) -> list[str]:
+    """The configurations to stem one message in: its language alone when
+    its function words say so clearly (3+ of one language and at least
+    three times those of the other), else every configured one. Only
+    german and english are told apart; other configurations always stay.
+    The query side ORs every configuration, so a message stemmed in one
+    language is still found by a query in either."""
+    known = [c for c in configs if c in _STOP_WORDS]
+    if len(known) < 2:
+        return list(configs)
+    counts = dict.fromkeys(known, 0)
+    for word in _LATIN_WORD.findall((subject[:500] + " " + body[:_DETECT_CHARS]).lower()):
+        for config in known:
+            if word in _STOP_WORDS[config]:
+                counts[config] += 1
+    best = max(known, key=lambda c: counts[c])
+    others = max(counts[c] for c in known if c != best)
+    if counts[best] >= 3 and counts[best] >= 3 * others:
+        return [c for c in configs if c not in _STOP_WORDS or c == best]
+    return list(configs)
+
+
+def split_continuous(text: str) -> str:
+    """Runs of Chinese, Japanese, Korean and Thai as overlapping bigrams plus
+    the run's last character ("会议室" -> " 会议 议室 室 "): Postgres' parser
+    takes a whole run for one word, so without this a two-character word
+    inside a sentence is never found. Every character starts a token, so a
+    one-character query finds it as a prefix (``tsquery_text``)."""
+    if CONTINUOUS_RUN.search(text) is None:
+        return text
+    return CONTINUOUS_RUN.sub(_bigrams, text)
+
+
+def _bigrams(match: re.Match[str]) -> str:
+    run = match.group()
+    grams = [run[i:i + 2] for i in range(len(run) - 1)] + [run[-1]]
+    return " " + " ".join(grams) + " "
+
+
+def _operands(term: QueryTerm) -> list[str]:
+    out: list[str] = []
+    for word in term.words:
+        if CONTINUOUS_RUN.fullmatch(word) is None:
+            out.append(f"'{word}'")
+        elif len(word) == 1:
+            out.append(f"'{word}':*")  # the first character of a bigram, or the last alone
+        else:
+            out.extend(f"'{word[i:i + 2]}'" for i in range(len(word) - 1))
+    return out
+
+
+def tsquery_text(parsed: ParsedQuery) -> str:
+    """The parsed search language as to_tsquery text (see the migration's
+    ``nexarch_mail_tsquery``). Words hold only letters, marks and digits
+    (``base.is_word_char``), so quoting them needs no escapes; a term of
+    several words is a phrase (``<->``), as are the bigrams of a CJK word."""
+    parts: list[str] = []
+    for group in parsed.groups:
+        rendered: list[str] = []
+        for term in group:
+            phrase = " <-> ".join(_operands(term))
+            rendered.append(f"!({phrase})" if term.negated else f"({phrase})")
+        parts.append(rendered[0] if len(rendered) == 1 else "(" + " | ".join(rendered) + ")")
+    return " & ".join(parts)
+
+
+def _vector_text(stored: str, stem_chars: int | None = None) -> str | None:
+    """What the vector is built from (the first ``stem_chars``, continuous
+    scripts split), or None when that is the stored text itself."""
+    text = stored if stem_chars is None or len(stored) <= stem_chars else stored[:stem_chars]
+    split = split_continuous(text)
+    return None if split is stored else split
+
+
+_LEXEME = re.compile(r"'((?:[^']|'')*)'")
+#: Characters a snippet shows before the first match, and in all.
+_SNIPPET_LEAD = 60
+_SNIPPET_CHARS = 240
+
+
+def mark_snippet(text: str, lexemes: str | None) -> str:
+    """About 240 characters of ``text`` around the first word that matches
+    the query, matches between the highlight markers. ``lexemes`` is the
+    query's ``querytree`` text. A word matches when it begins with one of
+    the query's lexemes: Snowball stems are prefixes of most inflected forms
+    ('invoic' of "invoices", 'rechnung' of "Rechnungen"); a CJK bigram
+    matches inside a run. Approximate by design: ts_headline is exact but
+    re-parses every hit under every language, which cost most of a search."""
+    stems = sorted({m.group(1).replace("''", "'") for m in _LEXEME.finditer(lexemes or "")}
+                   - {""}, key=len, reverse=True)
+    if not stems:
+        return text[:200]
+    words = re.compile("|".join(
+        (rf"\w*{re.escape(stem)}\w*" if CONTINUOUS_RUN.fullmatch(stem)
+         else rf"\b{re.escape(stem)}\w*") for stem in stems), re.IGNORECASE)
+    first = words.search(text)
+    if first is None:
+        return text[:200]
+    start = max(0, first.start() - _SNIPPET_LEAD)
+    if start:
+        space = text.find(" ", start)
+        start = space + 1 if 0 <= space < first.start() else first.start()
+    end = min(len(text), start + _SNIPPET_CHARS)
+    if end < len(text):
+        space = text.rfind(" ", first.end(), end)
+        end = space if space > 0 else end
+    window = words.sub(lambda m: HIGHLIGHT_START + m.group() + HIGHLIGHT_END, text[start:end])
+    return ("… " if start else "") + window + (" …" if end < len(text) else "")
 
 
 class PostgresIndex:
     name = "postgres"
 
     def __init__(self, db: Database, *, configs: Sequence[str] = DEFAULT_CONFIGS,
-                 max_field_chars: int = DEFAULT_MAX_FIELD_CHARS) -> None:
+                 max_field_chars: int = DEFAULT_MAX_FIELD_CHARS,
+                 stem_chars: int = DEFAULT_STEM_CHARS, detect_language: bool = True,
+                 count_limit: int = DEFAULT_COUNT_LIMIT,
+                 rank_limit: int = DEFAULT_RANK_LIMIT) -> None:
         if not configs:
             raise ValueError("at least one text-search configuration is needed")
         for config in configs:
@@ -54,6 +208,10 @@ class PostgresIndex:
         self.db = db
         self.configs = list(configs)
         self.max_field_chars = max_field_chars
+        self.stem_chars = min(stem_chars, max_field_chars)
+        self.detect_language = detect_language
+        self.count_limit = count_limit
+        self.rank_limit = rank_limit
 
     async def ensure_schema(self, tenant_slug: str) -> None:
         # One shared table, created by the migrations; tenants are rows.
@@ -62,19 +220,30 @@ class PostgresIndex:
     async def upsert(self, documents: Sequence[IndexDocument]) -> None:
         if not documents:
             return
-        cap = self.max_field_chars
+        cap, stem = self.max_field_chars, self.stem_chars
         docs = list(documents)
+        configs = [",".join(detect_configs(self.configs, d.subject, d.body)
+                            if self.detect_language else self.configs) for d in docs]
+        subjects = [d.subject[:10_000] for d in docs]
+        senders = [d.sender[:10_000] for d in docs]
+        recipients = [d.recipients[:50_000] for d in docs]
+        names = [" ".join(d.attachment_names)[:10_000] for d in docs]
         try:
             await self.db.execute(
-                _SQL["upsert"], self.configs,
+                _SQL["upsert"],
                 [d.tenant_slug for d in docs], [d.archive_id for d in docs],
-                [d.subject[:10_000] for d in docs], [d.sender[:10_000] for d in docs],
+                subjects, senders,
                 [json.dumps(list(d.sender_addresses)) for d in docs],
-                [d.recipients[:50_000] for d in docs], [d.body[:cap] for d in docs],
-                [" ".join(d.attachment_names)[:10_000] for d in docs],
+                recipients, [d.body[:cap] for d in docs], names,
                 [d.attachment_text[:cap] for d in docs], [d.sent_at for d in docs],
                 [json.dumps(list(d.mailboxes)) for d in docs],
-                [d.size_bytes for d in docs])
+                [d.size_bytes for d in docs],
+                configs,
+                [_vector_text(s) for s in subjects],
+                [_vector_text(f"{s} {r}") for s, r in zip(senders, recipients, strict=True)],
+                [_vector_text(d.body[:cap], stem) for d in docs],
+                [_vector_text(f"{n} {d.attachment_text[:cap]}", stem + 10_000)
+                 for n, d in zip(names, docs, strict=True)])
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         except DatabaseError as exc:
@@ -89,24 +258,36 @@ class PostgresIndex:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
 
     async def search(self, query: SearchQuery) -> SearchResult:
-        text = query.text.strip()
+        parsed = parse_query(query.text)
+        text = tsquery_text(parsed)
+        if query.text.strip() and not text:
+            # SearchQuery refuses such a query; never widen it to "everything".
+            return SearchResult(total=0, ignored=parsed.ignored)
         sender = query.sender.strip().lower() if query.sender else None
-        args = (self.configs, query.tenant_slug, text, sender, query.date_from, query.date_to,
-                query.mailbox)
+        # Count (and, for text, rank) at most this many matches; one more
+        # tells "more than that" apart. Paging further raises the bound.
+        cap = max(self.count_limit, query.offset + query.limit) + 1
         try:
-            rows = await self.db.fetch(_SQL["search"], *args, query.limit, query.offset)
-            if rows:
-                total = int(rows[0]["total"])
+            # One statement: total and page from one snapshot (see search.sql).
+            if text:
+                rows = await self.db.fetch(
+                    _SQL["search_text"], self.configs, query.tenant_slug, text, sender,
+                    query.date_from, query.date_to, query.mailbox, query.limit, query.offset,
+                    cap, max(self.rank_limit, query.offset + query.limit))
             else:
-                total = int(await self.db.fetchval(_SQL["count"], *args))
+                rows = await self.db.fetch(
+                    _SQL["search_all"], query.tenant_slug, sender, query.date_from,
+                    query.date_to, query.mailbox, query.limit, query.offset, cap)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
                       sender=r["sender"], sent_at=r["sent_at"],
-                      snippet=render_snippet(r["snippet"] or ""))
-            for r in rows)
-        return SearchResult(total=total, hits=hits)
+                      snippet=render_snippet(mark_snippet(r["body_head"] or "", r["lexemes"])))
+            for r in rows if r["archive_id"] is not None)
+        counted = int(rows[0]["total"]) if rows else 0
+        return SearchResult(total=min(counted, cap - 1), hits=hits, ignored=parsed.ignored,
+                            exact_total=counted < cap)
 
     async def document_ids(self, tenant_slug: str) -> set[int]:
         validate_tenant_slug(tenant_slug)

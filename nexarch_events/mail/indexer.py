@@ -110,7 +110,15 @@ class Indexer:
             if message_notes:
                 notes[message.archive_id] = (message.tenant_slug, message_notes)
         for tenant in {document.tenant_slug for _, document in documents} - self._schemas:
-            await self._ensure_schema(tenant)
+            try:
+                await self._ensure_schema(tenant)
+            except (IndexUnavailable, IndexRejected) as exc:
+                # A table of another schema is permanent (IndexRejected), not "retry later".
+                for job, document in documents:
+                    if document.tenant_slug == tenant:
+                        failures[job.id] = Failure(str(exc),
+                                                   permanent=isinstance(exc, IndexRejected))
+                documents = [(j, d) for j, d in documents if d.tenant_slug != tenant]
         await self._upsert(documents, failures)
         if notes:
             await self._record_notes(notes)

@@ -38,12 +38,23 @@ def doc(archive_id: int, tenant: str = "tenant-a", *, subject: str = "", body: s
         mailboxes=mailboxes, size_bytes=len(body))
 
 
+#: Every tenant a test here writes to (the fixture removes their tables).
+TENANTS = ("tenant-a", "tenant-b", "tenant-c")
+
+
 @pytest.fixture(params=["postgres", "manticore"])
 async def backend(request: pytest.FixtureRequest, db: Database) -> AsyncIterator[IndexBackend]:
     async with open_backend(request.param, db) as opened:
         for tenant in ("tenant-a", "tenant-b"):
             await opened.ensure_schema(tenant)
-        yield opened
+        try:
+            yield opened
+        finally:
+            # On a real Manticore server the tables outlive the test: drop them.
+            drop = getattr(opened, "drop_schema", None)
+            if drop is not None:
+                for tenant in TENANTS:
+                    await drop(tenant)
 
 
 async def ids(backend: IndexBackend, text: str, tenant: str = "tenant-a",
@@ -203,3 +214,90 @@ def test_bad_queries_are_refused_clearly(kwargs: dict[str, object], message: str
     fields.update(kwargs)
     with pytest.raises(InvalidQuery, match=message):
         SearchQuery(**fields)  # type: ignore[arg-type]
+
+
+# -- issue 12: the same answer on both backends, in every script --------------
+
+
+async def test_a_query_of_unsearchable_terms_finds_nothing_and_names_them(
+        backend: IndexBackend) -> None:
+    # Manticore's charset_table makes _, ², ① and (without ngram_chars) CJK
+    # separators, and a query with no term left matches everything there.
+    await backend.upsert([doc(1, body="invoice ① number_one x²"), doc(2, body="other mail")])
+    for text in ("①", "_", "²", "① _ ²", '"①"', "__ OR ②"):
+        with pytest.raises(InvalidQuery, match="no words to search for") as caught:
+            await backend.search(SearchQuery("tenant-a", text))
+        assert text.split()[0].strip('"') in str(caught.value)
+    assert await ids(backend, "会议") == []  # no CJK mail: nothing, never everything
+    mixed = await backend.search(SearchQuery("tenant-a", "invoice ① _"))
+    assert [h.archive_id for h in mixed.hits] == [1]
+    assert mixed.ignored == ("①", "_")
+    assert await ids(backend, "number") == [1]  # _ separates words, as in both engines
+    assert await ids(backend, "other ②") == [2]
+
+
+async def test_chinese_japanese_korean_words_are_found_inside_sentences(
+        backend: IndexBackend) -> None:
+    await backend.upsert([
+        doc(1, subject="通知", body="明天下午三点开会讨论预算。"),
+        doc(2, body="来週の会議は東京で行います。"),
+        doc(3, body="회의는 내일 오전입니다"),
+        doc(4, body="会计部门 and the accounting team"),
+    ])
+    assert await ids(backend, "讨论") == [1]
+    assert await ids(backend, "预算") == [1]
+    assert await ids(backend, "开会讨论") == [1]
+    assert await ids(backend, "讨算") == []  # not adjacent: not the word
+    assert await ids(backend, "会議") == [2]
+    assert await ids(backend, "東京") == [2]
+    assert await ids(backend, "議") == [2]  # one character
+    assert await ids(backend, "회의") == [3]
+    assert await ids(backend, "会计 accounting") == [4]
+    assert await ids(backend, "通知 预算") == [1]
+    assert sorted(await ids(backend, "讨论 OR 東京")) == [1, 2]
+
+
+async def test_dates_from_1900_to_9999_are_kept_and_no_date_is_not_1970(
+        backend: IndexBackend) -> None:
+    moon = datetime(1969, 7, 20, 20, 17, tzinfo=UTC)
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
+    early = datetime(1905, 3, 1, 8, 0, tzinfo=UTC)
+    future = datetime(2500, 1, 1, tzinfo=UTC)
+    await backend.upsert([doc(1, body="letter", sent_at=moon), doc(2, body="letter",
+                                                                    sent_at=epoch),
+                          doc(3, body="letter", sent_at=early), doc(4, body="letter",
+                                                                    sent_at=None),
+                          doc(5, body="letter", sent_at=future)])
+    hits = {h.archive_id: h.sent_at
+            for h in (await backend.search(SearchQuery("tenant-a", "letter"))).hits}
+    assert hits == {1: moon, 2: epoch, 3: early, 4: None, 5: future}
+    assert await ids(backend, "") == [5, 2, 1, 3, 4]  # newest first, undated last
+    assert sorted(await ids(backend, "letter", date_to=epoch + timedelta(seconds=1))) \
+        == [1, 2, 3]
+    assert await ids(backend, "letter", date_from=datetime(1960, 1, 1, tzinfo=UTC),
+                     date_to=epoch) == [1]
+    assert sorted(await ids(backend, "letter", date_from=epoch)) == [2, 5]
+    assert await ids(backend, "letter", date_to=datetime(1906, 1, 1, tzinfo=UTC)) == [3]
+
+
+async def test_a_tenant_without_a_table_yet_has_no_hits(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, body="invoice")])
+    for text in ("invoice", ""):
+        result = await backend.search(SearchQuery("tenant-c", text))
+        assert (result.total, result.hits) == (0, ())
+    assert await backend.document_ids("tenant-c") == set()
+    await backend.delete("tenant-c", [1])  # nothing to delete, no error
+    assert await ids(backend, "invoice") == [1]
+
+
+async def test_german_spellings_are_folded_alike(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, body="Viele Grüße aus der Hauptstraße"),
+                          doc(2, body="Viele Gruesse aus der Hauptstrasse"),
+                          doc(3, subject="Herr Müller", body="Termin"),
+                          doc(4, subject="Herr Mueller", body="Termin"),
+                          doc(5, body="Gras und Strauss")])
+    for text in ("Grüße", "Gruesse", "GRÜSSE", "Hauptstraße", "Hauptstrasse",
+                 '"Grüße aus"', '"gruesse aus"'):
+        assert sorted(await ids(backend, text)) == [1, 2], text
+    for text in ("Müller", "Mueller", "MÜLLER"):
+        assert sorted(await ids(backend, text)) == [3, 4], text

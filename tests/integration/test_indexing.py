@@ -205,3 +205,33 @@ def _stale_document():  # type: ignore[no-untyped-def]
     return IndexDocument(archive_id=999_999, tenant_slug="acme", subject="stale", sender="",
                          sender_addresses=(), recipients="", body="gone", attachment_names=(),
                          attachment_text="", sent_at=None)
+
+
+async def test_a_manticore_table_of_another_schema_fails_its_jobs_for_good(
+        db: Database, fast_settings: QueueSettings) -> None:
+    from nexarch_events.index.manticore import ManticoreBackend
+    from tests.support.manticore_standin import open_manticore_standin
+
+    async with open_manticore_standin() as standin, \
+            ManticoreBackend(standin.url, verify=False) as backend:
+        # A table an older release created, without the 'dated' column.
+        await backend._call(  # the test plays the older release
+            "/sql", b"CREATE TABLE nexarch_mail_acme (subject text, body text, sent_at bigint)",
+            "text/plain", params={"mode": "raw"})
+        settings = Settings(queue=fast_settings).with_queue(drain_interval=60.0)
+        service = QueueService(db, settings, Indexer(db, backend).handlers(),
+                               listen_job_events=True)
+        events = service.listener.subscribe(JOB_EVENTS_CHANNEL)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            pipeline = Pipeline(db, service, backend, events)
+            stored = await pipeline.archive.store("acme", next(iter(realistic_messages(1))))
+            assert stored.job_id is not None
+            # Permanent: failed at the first attempt, not retried with backoff.
+            assert await pipeline.wait_jobs({stored.job_id}, within=30) \
+                == {stored.job_id: "failed"}
+            row = await db.fetchrow("SELECT attempts, last_error FROM mail_index_jobs "
+                                    "WHERE id = $1", stored.job_id)
+            assert row is not None and row["attempts"] == 1
+            assert "another schema" in row["last_error"]
+            nursery.cancel_scope.cancel()

@@ -1,10 +1,10 @@
 """Postgres full-text specifics: languages and Postgres' own limits.
 
-Configuration chosen: german AND english (both snowball stemmers), every
-document stemmed by both, a query matching under either. Mail in a German
-archive is a mix of both languages, often within one thread; guessing each
-message's language is unreliable on short mails, and 'simple' would find no
-inflected form at all. The cost is a larger vector (two stemmings).
+Configuration chosen: german AND english (both snowball stemmers), a query
+matching under either. A message is stemmed in one of them when its
+function words say so clearly (most of the indexing cost is to_tsvector),
+else in both: mail in a German archive mixes both languages, and a short
+mail gives too little to tell.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from nexarch_events.aio import Database
 from nexarch_events.index.base import SearchQuery
-from nexarch_events.index.postgres import PostgresIndex
+from nexarch_events.index.postgres import PostgresIndex, detect_configs
 from tests.integration.test_index_contract import doc
 
 
@@ -64,3 +64,76 @@ async def test_a_5_mb_mail_indexes_and_its_first_part_is_searchable(index: Postg
 async def test_configuration_names_are_validated(db: Database) -> None:
     with pytest.raises(ValueError, match="invalid"):
         PostgresIndex(db, configs=("english; DROP TABLE x",))
+
+
+class _WriterBetweenStatements:
+    """The index's database, with another session committing a matching
+    document right after each statement the search runs: the race a
+    separate count statement loses (issue 13)."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._next_id = 1000
+
+    async def _commit_one(self) -> None:
+        self._next_id += 1
+        await PostgresIndex(self._db).upsert([doc(self._next_id, body="walrus arrives")])
+
+    async def fetch(self, sql: str, *args: object) -> object:
+        rows = await self._db.fetch(sql, *args)
+        await self._commit_one()
+        return rows
+
+    async def fetchval(self, sql: str, *args: object) -> object:
+        value = await self._db.fetchval(sql, *args)
+        await self._commit_one()
+        return value
+
+
+async def test_total_and_hits_come_from_one_snapshot(db: Database) -> None:
+    racing = PostgresIndex(_WriterBetweenStatements(db))  # type: ignore[arg-type]
+    empty = await racing.search(SearchQuery("tenant-a", "walrus"))
+    assert (empty.total, empty.hits) == (0, ())  # never "total 1" with no hits
+    past_the_end = await racing.search(SearchQuery("tenant-a", "walrus", offset=100))
+    before = past_the_end.total
+    assert past_the_end.hits == () and before == 1  # the one committed after the first search
+    page = await racing.search(SearchQuery("tenant-a", "walrus", limit=100))
+    assert page.total == len(page.hits)
+
+
+@pytest.mark.parametrize(("subject", "body", "expected"), [
+    ("Rechnung", "Anbei die Rechnung für den März, bitte bis Freitag zahlen. Das ist "
+                 "nicht viel.", ["german"]),
+    ("Invoice", "Please find the invoice for March attached, it is due on Friday and "
+                "we would like to have it paid.", ["english"]),
+    ("Hi", "Kurz: ok", ["german", "english"]),                # too little to tell
+    ("Re", "Die Rechnung is attached and the Vertrag ist unterschrieben, the "
+           "end", ["german", "english"]),                       # a mix
+])
+def test_each_message_is_stemmed_in_its_language_when_it_is_clear(
+        subject: str, body: str, expected: list[str]) -> None:
+    assert detect_configs(("german", "english"), subject, body) == expected
+    assert detect_configs(("english",), subject, body) == ["english"]
+    assert detect_configs(("german", "english", "simple"), subject, body) \
+        == [*expected, "simple"]
+
+
+async def test_a_message_stemmed_in_one_language_is_found_from_either(
+        index: PostgresIndex) -> None:
+    german = ("Anbei die Rechnungen für den März. Bitte prüfen Sie die Unterlagen und "
+              "schicken Sie uns eine Bestätigung.")
+    english = "Please find the invoices attached, we would like to have them paid by Friday."
+    await index.upsert([doc(1, body=german), doc(2, body=english)])
+    assert await found(index, "Rechnung") == [1]
+    assert await found(index, "invoice") == [2]
+    assert await found(index, "Rechnungen invoice") == []
+
+
+async def test_only_the_first_stem_chars_are_searchable_but_all_is_stored(db: Database) -> None:
+    index = PostgresIndex(db, stem_chars=1000)
+    body = "aardvarkbeginning " + "filler " * 500 + "zebraending"
+    await index.upsert([doc(1, body=body)])
+    assert await found(index, "aardvarkbeginning") == [1]
+    assert await found(index, "zebraending") == []
+    stored = await db.fetchval("SELECT body FROM mail_search_documents WHERE archive_id = 1")
+    assert stored == body

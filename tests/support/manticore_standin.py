@@ -21,9 +21,17 @@ with words, "phrases", -/! exclusion, | and parentheses, ``match``,
 ``_source``, ``highlight`` with ``pre_tags``/``post_tags``, field weights,
 ``hits.total``).
 
+Tokenizing follows the table's settings where the real server surprises
+(Low-level_tokenization.md, Languages_with_continuous_scripts.md):
+``charset_table`` (default ``non_cont``: letters, marks and decimal digits
+of scripts written with spaces; ``_``, ``²``, ``①`` and every character
+not listed separate words), ``ngram_chars`` (``cont``: Chinese, Japanese,
+Korean, Thai, one token a character; without it they are separators) and
+``regexp_filter`` rules (applied to documents and queries alike). A query
+word with no token left matches everything, as on the real server.
+
 What it does NOT do: morphology or stemming (words match exactly, after
-lower-casing; ``charset_table`` is stored, not applied: every Unicode letter,
-digit and ``_`` is a word character), real ranking (the score is the sum of
+lower-casing), real ranking (the score is the sum of
 field weight x distinct query words found in the field; no BM25, no
 proximity), wildcards, and the query operators a client should never send
 from user input: field limits (``@``), proximity/quorum (``~`` ``/``),
@@ -47,6 +55,7 @@ import fnmatch
 import json
 import re
 import ssl
+import unicodedata
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -65,14 +74,149 @@ _TYPES = {"text", "string", "int", "integer", "uint", "bigint", "float", "bool",
           "multi", "multi64", "mva", "mva64", "json", "timestamp"}
 _INT_TYPES = {"int", "integer", "uint", "bigint", "timestamp"}
 _MVA_TYPES = {"multi", "multi64", "mva", "mva64"}
-_WORD = re.compile(r"\w+")
+#: Manticore's ``cont`` / ``cjk`` character set: scripts written without spaces.
+_CONT_RANGES = ((0x0E00, 0x0E7F), (0x1100, 0x11FF), (0x3040, 0x30FF), (0x3130, 0x318F),
+                (0x31F0, 0x31FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xAC00, 0xD7AF),
+                (0xF900, 0xFAFF), (0xFF66, 0xFF9F), (0x20000, 0x3134F))
+
+
+def _is_cont(char: str) -> bool:
+    return any(lo <= ord(char) <= hi for lo, hi in _CONT_RANGES)
+
+
+def _is_non_cont(char: str) -> bool:
+    category = unicodedata.category(char)
+    return (category[0] in "LM" or category == "Nd") and not _is_cont(char)
+
+
+def _charset_char(spec: str) -> str:
+    spec = spec.strip()
+    if spec.upper().startswith("U+"):
+        return chr(int(spec[2:], 16))
+    if len(spec) == 1:
+        return spec
+    raise ValueError(spec)
+
+
+@dataclass
+class Tokenizer:
+    """charset_table + ngram_chars + regexp_filter of one table."""
+
+    #: named sets in charset_table ("non_cont", "cont")
+    sets: frozenset[str] = frozenset({"non_cont"})
+    #: explicit characters and their mapping
+    chars: dict[str, str] = field(default_factory=dict)
+    ngram_cont: bool = False
+    filters: tuple[tuple[re.Pattern[str], str], ...] = ()
+
+    @classmethod
+    def of(cls, options: dict[str, str], filters: list[str]) -> Tokenizer:
+        sets: set[str] = set()
+        chars: dict[str, str] = {}
+        table = options.get("charset_table", "non_cont")
+        for entry in (e.strip() for e in table.split(",")):
+            name = {"non_cjk": "non_cont", "cjk": "cont"}.get(entry.lower(), entry.lower())
+            if name in ("non_cont", "cont"):
+                sets.add(name)
+                continue
+            source, _, target = entry.partition("->")
+            if ".." in source:
+                lo, hi = (_charset_char(x) for x in source.split(".."))
+                if target:
+                    tlo = _charset_char(target.split("..")[0])
+                    for offset in range(ord(hi) - ord(lo) + 1):
+                        chars[chr(ord(lo) + offset)] = chr(ord(tlo) + offset)
+                else:
+                    for code in range(ord(lo), ord(hi) + 1):
+                        chars[chr(code)] = chr(code)
+            elif entry:
+                char = _charset_char(source)
+                chars[char] = _charset_char(target) if target else char
+        ngram = options.get("ngram_chars", "").strip().lower() in ("cont", "cjk")
+        compiled = []
+        for rule in filters:
+            pattern, _, replacement = rule.partition("=>")
+            compiled.append((re.compile(pattern.strip()), replacement.strip()))
+        return cls(frozenset(sets), chars, ngram and int(options.get("ngram_len", "1")) == 1,
+                   tuple(compiled))
+
+    def fold(self, char: str) -> str | None:
+        """The character as indexed, "" for an n-gram character, None for a separator."""
+        if char in self.chars:
+            return self.chars[char]
+        if "non_cont" in self.sets and _is_non_cont(char):
+            return char.lower()
+        if _is_cont(char):
+            if self.ngram_cont:
+                return ""
+            if "cont" in self.sets:
+                return char
+        return None
+
+    def filter(self, text: str) -> str:
+        for pattern, replacement in self.filters:
+            text = pattern.sub(replacement, text)
+        return text
+
+    def spans(self, text: str) -> list[tuple[int, int, str]]:
+        """(start, end, token) of every token; ``regexp_filter`` applies to
+        each token (the rules here never span a separator). Runs of ASCII
+        letters and digits take a fast path (same answer as ``_spans``)."""
+        if "non_cont" not in self.sets or any(c.isascii() for c in self.chars):
+            return self._spans(text)
+        out: list[tuple[int, int, str]] = []
+        previous = 0
+        for m in _ALNUM.finditer(text):
+            gap = text[previous:m.start()]
+            if gap and not gap.isspace() and any(self.fold(c) is not None for c in gap):
+                return self._spans(text)  # a mark or listed character joins words
+            run = m.group()
+            if run.isascii():
+                out.append((m.start(), m.end(), self.filter(run.lower())))
+            else:
+                out.extend((m.start() + a, m.start() + b, t) for a, b, t in self._spans(run))
+            previous = m.end()
+        gap = text[previous:]
+        if gap and not gap.isspace() and any(self.fold(c) is not None for c in gap):
+            return self._spans(text)
+        return out
+
+    def _spans(self, text: str) -> list[tuple[int, int, str]]:
+        out: list[tuple[int, int, str]] = []
+        start, buf = -1, []
+
+        def flush(end: int) -> None:
+            nonlocal start, buf
+            if buf:
+                token = "".join(buf)
+                out.append((start, end, self.filter(token).lower()))
+            start, buf = -1, []
+
+        for i, char in enumerate(text):
+            folded = self.fold(char)
+            if folded is None:
+                flush(i)
+            elif folded == "":
+                flush(i)
+                out.append((i, i + 1, char))
+            else:
+                if not buf:
+                    start = i
+                buf.append(folded)
+        flush(len(text))
+        return out
+
+    def tokenize(self, text: str) -> list[str]:
+        return [token for _, _, token in self.spans(text)]
+
+
+_DEFAULT_TOKENIZER = Tokenizer()
+_ALNUM = re.compile(r"[^\W_]+")
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased words: every Unicode letter, digit and _ is a word
-    character, everything else separates (like charset_table non_cont; ß
-    stays ß, as with the charset_table of mail-notes 6)."""
-    return [m.group().lower() for m in _WORD.finditer(text)]
+    """Tokens under the default settings (charset_table non_cont)."""
+    return _DEFAULT_TOKENIZER.tokenize(text)
 
 
 class _Problem(Exception):
@@ -101,6 +245,7 @@ class Table:
     columns: dict[str, str]
     options: dict[str, str]
     docs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    tokenizer: Tokenizer = field(default_factory=Tokenizer)
     #: per document: field -> tokens, for every text column
     tokens: dict[int, dict[str, list[str]]] = field(default_factory=dict)
     #: per document: token -> the fields it occurs in
@@ -145,7 +290,7 @@ class Table:
 
     def put(self, doc_id: int, doc: dict[str, Any]) -> None:
         self.docs[doc_id] = doc
-        self.tokens[doc_id] = {f: tokenize(doc[f]) for f in self.text_fields}
+        self.tokens[doc_id] = {f: self.tokenizer.tokenize(doc[f]) for f in self.text_fields}
         where: dict[str, set[str]] = {}
         for name, words in self.tokens[doc_id].items():
             for word in words:
@@ -158,8 +303,8 @@ class Table:
         return self.docs.pop(doc_id, None) is not None
 
     def copy(self) -> Table:
-        return Table(self.name, self.columns, self.options, dict(self.docs), dict(self.tokens),
-                     dict(self.where))
+        return Table(self.name, self.columns, self.options, dict(self.docs), self.tokenizer,
+                     dict(self.tokens), dict(self.where))
 
 
 class _BulkError(Exception):
@@ -357,7 +502,9 @@ def _lex(query: str) -> list[tuple[str, str]]:
 
 
 class _Parser:
-    def __init__(self, tokens: list[tuple[str, str]], fields: frozenset[str] | None) -> None:
+    def __init__(self, tokens: list[tuple[str, str]], fields: frozenset[str] | None,
+                 tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
         self.tokens = tokens
         self.pos = 0
         self.fields = fields
@@ -413,10 +560,12 @@ class _Parser:
         value = self.tokens[self.pos][1]
         self.pos += 1
         if kind == "WORD":
-            words = tokenize(value)
+            # Real server: a word with no token left (all separators) matches
+            # everything; the client must never send one.
+            words = self.tokenizer.tokenize(value)
             return _Word(words, self.fields) if words else _All()
         if kind == "PHRASE":
-            words = tokenize(value)
+            words = self.tokenizer.tokenize(value)
             if not words:
                 return _All()
             if len(words) == 1:
@@ -431,8 +580,9 @@ class _Parser:
         raise _QueryError(f"syntax error, unexpected '{value}'")
 
 
-def parse_query_string(query: str, fields: frozenset[str] | None = None) -> _Node:
-    return _Parser(_lex(query), fields).parse()
+def parse_query_string(query: str, fields: frozenset[str] | None = None,
+                       tokenizer: Tokenizer = _DEFAULT_TOKENIZER) -> _Node:
+    return _Parser(_lex(query), fields, tokenizer).parse()
 
 
 # -- the server --------------------------------------------------------------
@@ -698,9 +848,13 @@ class ManticoreStandIn:
             columns[column] = {"mva": "multi", "mva64": "multi64",
                                "integer": "int"}.get(kind, kind)
         options: dict[str, str] = {}
+        filters: list[str] = []
         tail = rest[end + 1:].strip().rstrip(";").strip()
         for m in re.finditer(r"\s*([A-Za-z_]\w*)\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\d+))", tail):
-            options[m.group(1).lower()] = m.group(2) if m.group(2) is not None else m.group(3)
+            value = m.group(2) if m.group(2) is not None else m.group(3)
+            options[m.group(1).lower()] = value
+            if m.group(1).lower() == "regexp_filter":
+                filters.append(value)  # repeatable, applied in order (regexp_filter docs)
         leftover = re.sub(r"\s*([A-Za-z_]\w*)\s*=\s*(?:'((?:[^'\\]|\\.)*)'|(\d+))", "", tail)
         if leftover.strip():
             raise _syntax_error(leftover.strip())
@@ -709,7 +863,11 @@ class ManticoreStandIn:
                 return None  # mail-notes 6: IF NOT EXISTS → 200
             # mail-notes 6, verbatim shape
             raise _sql_error(f"table '{name}': CREATE TABLE failed: table '{name}' already exists")
-        self.tables[name] = Table(name, columns, options)
+        try:
+            tokenizer = Tokenizer.of(options, filters)
+        except (ValueError, re.error) as exc:
+            raise _sql_error(f"table '{name}': CREATE TABLE failed: {exc}") from None
+        self.tables[name] = Table(name, columns, options, tokenizer=tokenizer)
         return None
 
     # -- writes --------------------------------------------------------------
@@ -1048,8 +1206,8 @@ class ManticoreStandIn:
             if name not in table.text_fields:
                 continue
             wanted_tokens = {t for t, fs in terms if fs is None or name in fs}
-            fragments = _fragments(table.docs[doc_id][name], wanted_tokens, before, after,
-                                   limit, around)
+            fragments = _fragments(table.tokenizer, table.docs[doc_id][name], wanted_tokens,
+                                   before, after, limit, around)
             if fragments:
                 out[name] = fragments
             elif not allow_empty and table.docs[doc_id][name]:
@@ -1153,7 +1311,7 @@ def _compile(table: Table, query: Any) -> _Node:
     if kind == "query_string":
         if not isinstance(body, str):
             raise _QueryError("query_string must be a string")
-        return parse_query_string(body)
+        return parse_query_string(body, tokenizer=table.tokenizer)
     if kind in ("match", "match_phrase"):
         if not isinstance(body, dict) or len(body) != 1:
             raise _QueryError(f"{kind} needs one field specification")
@@ -1163,7 +1321,7 @@ def _compile(table: Table, query: Any) -> _Node:
         if isinstance(value, dict):
             operator = str(value.get("operator", "or")).lower()
             value = value.get("query", "")
-        words = tokenize(str(value))
+        words = table.tokenizer.tokenize(str(value))
         if not words:
             return _All()
         if kind == "match_phrase":
@@ -1238,9 +1396,9 @@ def _attribute_filter(table: Table, kind: str, body: Any) -> _Node:
     return _AttrTest(test)
 
 
-def _fragments(text: str, wanted: set[str], before: str, after: str, limit: int,
-               around: int) -> list[str]:
-    spans = [(m.start(), m.end(), m.group().lower()) for m in _WORD.finditer(text)]
+def _fragments(tokenizer: Tokenizer, text: str, wanted: set[str], before: str, after: str,
+               limit: int, around: int) -> list[str]:
+    spans = tokenizer.spans(text)
     hits = [i for i, (_, _, w) in enumerate(spans) if w in wanted]
     if not hits:
         return []

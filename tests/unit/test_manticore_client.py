@@ -29,12 +29,15 @@ from nexarch_events.index.base import (
     SearchResult,
     epoch_seconds,
 )
+from nexarch_events.index.factory import open_index
 from nexarch_events.index.manticore import (
     FIELD_WEIGHTS,
     ManticoreBackend,
+    SchemaMismatch,
     TableMissing,
     translate_query,
 )
+from nexarch_events.settings import Settings
 from tests.support.manticore_standin import (
     JSON_CONTENT_TYPE,
     ManticoreStandIn,
@@ -96,11 +99,14 @@ async def test_ensure_schema_creates_the_tenant_table_named_from_the_slug(
         "subject": "text", "body": "text", "sender": "text", "recipients": "text",
         "attachment_names": "text", "attachment_text": "text",
         "sender_address": "string", "sender_ids": "multi64", "mailbox_ids": "multi64",
-        "sent_at": "bigint", "size_bytes": "bigint",
+        "sent_at": "bigint", "dated": "bool", "size_bytes": "bigint",
     }
     assert table.options["morphology"] == "stem_en, libstemmer_de"
     assert table.options["charset_table"].startswith("non_cont, U+00E4, U+00C4->U+00E4")
-    [request] = standin.requests
+    assert (table.options["ngram_chars"], table.options["ngram_len"]) == ("cont", "1")
+    create, describe = standin.requests  # then DESC checks the columns
+    assert describe.body.decode() == "DESC nexarch_mail_acme_corp"
+    request = create
     assert (request.path, request.query) == ("/sql", "mode=raw")
     sql = request.body.decode()
     assert sql.startswith("CREATE TABLE IF NOT EXISTS nexarch_mail_acme_corp (")
@@ -208,7 +214,8 @@ async def test_upsert_creates_a_missing_table_and_sends_the_batch_again(
         standin: ManticoreStandIn, backend: ManticoreBackend) -> None:
     await backend.upsert([doc(1), doc(2)])
 
-    assert [r.path for r in standin.requests] == ["/bulk", "/sql", "/bulk"]
+    # /sql twice: CREATE TABLE IF NOT EXISTS, then DESC checks the columns
+    assert [r.path for r in standin.requests] == ["/bulk", "/sql", "/sql", "/bulk"]
     assert set(standin.tables[TABLE].docs) == {1, 2}
 
 
@@ -282,10 +289,9 @@ async def test_document_ids_reads_every_id_past_the_1000_window(
     assert all(s.get("offset", 0) == 0 and s["limit"] <= s["max_matches"] for s in searches)
 
 
-async def test_document_ids_of_a_tenant_without_a_table_says_what_to_do(
+async def test_a_tenant_without_a_table_has_no_document_ids(
         backend: ManticoreBackend) -> None:
-    with pytest.raises(TableMissing, match="ensure_schema"):
-        await backend.document_ids("acme")
+    assert await backend.document_ids("acme") == set()
 
 
 # -- search ------------------------------------------------------------------
@@ -401,11 +407,21 @@ async def test_paging_past_the_1000_result_window(
     assert sent["max_matches"] >= sent["offset"] + sent["limit"]
 
 
-async def test_searching_a_tenant_without_a_table_says_what_to_do(
-        backend: ManticoreBackend) -> None:
-    with pytest.raises(TableMissing, match="ensure_schema") as caught:
-        await backend.search(SearchQuery("acme", "invoice"))
-    assert "unknown local table" in str(caught.value)
+@pytest.mark.parametrize("body", [
+    # mail-notes 6, verbatim
+    {"error": f"unknown local table(s) '{TABLE}' in search request"},
+    # mail-notes 3.2: index_not_found_exception → 404
+    {"error": {"type": "index_not_found_exception", "reason": "no such index"}, "status": 404},
+])
+async def test_searching_a_tenant_without_a_table_finds_nothing(
+        standin: ManticoreStandIn, backend: ManticoreBackend, body: Any) -> None:
+    # As the Postgres backend answers: a tenant with no table has no mail.
+    result = await backend.search(SearchQuery("acme", "invoice"))
+    assert (result.total, result.hits) == (0, ())
+    await backend.ensure_schema("acme")
+    standin.answer_next(404 if "status" in body else 500, body, endpoint="/search")
+    result = await backend.search(SearchQuery("acme", "invoice"))
+    assert (result.total, result.hits) == (0, ())
 
 
 # -- the user's query language -------------------------------------------------
@@ -499,8 +515,6 @@ TEXT = "text/plain"
 
 @pytest.mark.parametrize(("status", "body", "content_type", "error", "fragment"), [
     # mail-notes 6: search errors are HTTP 500 with a plain string
-    (500, {"error": f"unknown local table(s) '{TABLE}' in search request"}, None,
-     TableMissing, "ensure_schema"),
     (500, {"error": f"table {TABLE}: unknown column: nosuchattr"}, None,
      IndexRejected, "unknown column: nosuchattr"),
     (500, {"error": "offset out of bounds (offset=1000, max_matches=1000)"}, None,
@@ -508,9 +522,10 @@ TEXT = "text/plain"
     (500, {"error": f"table {TABLE}: query error: syntax error, unexpected ')'"}, None,
      IndexRejected, "syntax error"),
     (400, {"error": "\"table\" property missing"}, None, IndexRejected, "property missing"),
-    # mail-notes 3.2: index_not_found_exception → 404
-    (404, {"error": {"type": "index_not_found_exception", "reason": "no such index"},
-           "status": 404}, None, TableMissing, "index_not_found_exception"),
+    # A table of another schema (searchd's message for a missing sort
+    # attribute): permanent, not "retry later"
+    (500, {"error": f"table {TABLE}: sort-by attribute 'dated' not found"}, None,
+     IndexRejected, "sort-by attribute"),
     # 5xx without a documented permanent message: try again later
     (500, {"error": "internal error: worker pool exhausted"}, None,
      IndexUnavailable, "worker pool exhausted"),
@@ -815,3 +830,51 @@ async def test_standin_canned_answers(standin: ManticoreStandIn) -> None:
     assert body["hits"]["hits"][0]["highlight"] == {"title": ["[t1]"]}
     leaked = await raw(standin, "/search", '{"table":"emails","query":{"query_string":"@x y"}}')
     assert leaked.status_code == 500  # user syntax reaching the server fails loudly here
+
+
+# -- issue 12: operating a real server -------------------------------------------
+
+
+async def test_a_table_of_another_schema_is_a_permanent_error(
+        standin: ManticoreStandIn, backend: ManticoreBackend) -> None:
+    # A table from before the 'dated' column, as an older release created it.
+    old = ("CREATE TABLE nexarch_mail_acme (subject text, body text, sender text, "
+           "recipients text, attachment_names text, attachment_text text, "
+           "sender_address string, sender_ids multi64, mailbox_ids multi64, "
+           "sent_at bigint, size_bytes bigint)")
+    response = await raw(standin, "/sql?mode=raw", old, "text/plain")
+    assert response.status_code == 200
+    with pytest.raises(SchemaMismatch, match="missing dated") as caught:
+        await backend.ensure_schema("acme")
+    assert isinstance(caught.value, IndexRejected)
+    assert "retry" not in str(caught.value)
+
+
+async def test_bulk_requests_stay_below_the_size_limit(standin: ManticoreStandIn) -> None:
+    async with ManticoreBackend(standin.url, timeout=2.0, max_bulk_bytes=4096) as backend:
+        await backend.ensure_schema("acme")
+        docs = [doc(n, body=f"word{n} " + "x" * 1500) for n in range(1, 11)]
+        await backend.upsert(docs)
+    bulks = standin.requests_to("/bulk")
+    assert len(bulks) >= 4
+    assert all(len(r.body) <= 4096 for r in bulks)
+    assert set(standin.tables[TABLE].docs) == set(range(1, 11))
+
+
+async def test_the_request_timeout_is_a_setting(standin: ManticoreStandIn) -> None:
+    settings = Settings.from_env({"NEXARCH_INDEX_BACKEND": "manticore",
+                                  "NEXARCH_MANTICORE_URL": standin.url,
+                                  "NEXARCH_MANTICORE_TIMEOUT": "0.3"})
+    assert settings.manticore_timeout == 0.3
+    with pytest.raises(ConfigurationError, match="manticore_timeout"):
+        Settings.from_env({"NEXARCH_MANTICORE_TIMEOUT": "0"})
+    async with open_index(settings, None) as opened:  # type: ignore[arg-type]
+        standin.hang_next(2.0, endpoint="/search")
+        with pytest.raises(IndexUnavailable, match=r"no answer within 0\.3 s"):
+            await opened.search(SearchQuery("acme", "invoice"))
+
+
+def test_httpx_logs_no_info_line_per_request() -> None:
+    import logging
+
+    assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING

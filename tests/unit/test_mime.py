@@ -53,7 +53,7 @@ def assert_well_formed(parsed: ParsedMessage, max_text_chars: int = DEFAULT_MAX_
     assert len(parsed.attachment_names) <= MAX_ATTACHMENT_NAMES
     if parsed.date is not None:
         assert parsed.date.utcoffset() == timedelta(0)
-        assert datetime(1970, 1, 1, tzinfo=UTC) <= parsed.date <= now + timedelta(days=1)
+        assert datetime(1900, 1, 1, tzinfo=UTC) <= parsed.date <= now + timedelta(days=1)
 
 
 def parse(raw: bytes, **kwargs: int) -> ParsedMessage:
@@ -218,6 +218,11 @@ def test_8bit_headers() -> None:
     ("tue,  13  jun  2023  10:00:00  +0000", datetime(2023, 6, 13, 10, 0, tzinfo=UTC)),
     ("2023-06-13T10:00:00+02:00", datetime(2023, 6, 13, 8, 0, tzinfo=UTC)),
     ("2023-06-13 10:00", datetime(2023, 6, 13, 10, 0, tzinfo=UTC)),
+    # Before 1970 is a real date, not 1970-01-01 (issue 12)
+    ("Wed, 31 Dec 1969 23:59:59 +0000", datetime(1969, 12, 31, 23, 59, 59, tzinfo=UTC)),
+    ("Sun, 20 Jul 1969 22:17:00 +0200", datetime(1969, 7, 20, 20, 17, tzinfo=UTC)),
+    ("Mon, 1 Jan 1900 00:00:00 +0000", datetime(1900, 1, 1, tzinfo=UTC)),
+    ("1955-11-05T06:00:00-08:00", datetime(1955, 11, 5, 14, 0, tzinfo=UTC)),
 ])
 def test_dates(value: str, expected: datetime) -> None:
     raw = message().replace(b"Tue, 13 Jun 2023 10:00:00 +0200", value.encode())
@@ -227,10 +232,10 @@ def test_dates(value: str, expected: datetime) -> None:
 
 
 @pytest.mark.parametrize(("value", "expected", "note"), [
-    ("Mon, 1 Jan 1601 00:00:00 +0000", datetime(1970, 1, 1, tzinfo=UTC),
-     "Date 'Mon, 1 Jan 1601 00:00:00 +0000' clamped to 1970-01-01"),
-    ("Wed, 31 Dec 1969 23:59:59 +0000", datetime(1970, 1, 1, tzinfo=UTC),
-     "Date 'Wed, 31 Dec 1969 23:59:59 +0000' clamped to 1970-01-01"),
+    ("Mon, 1 Jan 1601 00:00:00 +0000", datetime(1900, 1, 1, tzinfo=UTC),
+     "Date 'Mon, 1 Jan 1601 00:00:00 +0000' clamped to 1900-01-01"),
+    ("Sun, 31 Dec 1899 23:59:59 +0000", datetime(1900, 1, 1, tzinfo=UTC),
+     "Date 'Sun, 31 Dec 1899 23:59:59 +0000' clamped to 1900-01-01"),
     ("Thu, 1 Jan 2099 00:00:00 +0000", NOW + timedelta(days=1),
      "Date 'Thu, 1 Jan 2099 00:00:00 +0000' clamped to 2025-06-02T12:00:00+00:00 "
      "(now + 1 day)"),
@@ -656,7 +661,7 @@ def test_every_hostile_message_gives_a_document_or_a_mime_error(
     ("nul-in-base64-body", "body", "decodednulbytes"),
     ("8bit-raw-headers-latin1", "subject", "Grüße aus Köln"),
     ("8bit-raw-headers-utf8", "subject", "Grüße aus Köln €"),
-    ("date-1601", "date", datetime(1970, 1, 1, tzinfo=UTC)),
+    ("date-1601", "date", datetime(1900, 1, 1, tzinfo=UTC)),
     ("date-2099", "date", NOW + timedelta(days=1)),
     ("date-year-99999", "date", NOW + timedelta(days=1)),
     ("date-garbage", "date", None),
@@ -698,7 +703,7 @@ def test_hostile_fields(corpus: dict[str, bytes], name: str, field: str,
     ("nul-in-body", ("removed 3 NUL characters from part 1",)),
     ("nul-in-headers", ("removed NUL characters from header Subject",
                         "removed NUL characters from header From")),
-    ("date-1601", ("Date 'Mon, 1 Jan 1601 00:00:00 +0000' clamped to 1970-01-01",)),
+    ("date-1601", ("Date 'Mon, 1 Jan 1601 00:00:00 +0000' clamped to 1900-01-01",)),
     ("date-2099", ("Date 'Thu, 1 Jan 2099 00:00:00 +0000' clamped to "
                    "2025-06-02T12:00:00+00:00 (now + 1 day)",)),
     ("date-missing", ()),

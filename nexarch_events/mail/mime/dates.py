@@ -1,5 +1,5 @@
 """The Date header: parsed into an aware UTC datetime, clamped into
-[1970-01-01, now + 1 day]. All of the date logic is ``header_date``."""
+[1900-01-01, now + 1 day]. All of the date logic is ``header_date``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ from .notes import Notes, quote
 __all__ = ["header_date"]
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: Dates before this are clamped to it (with a note); later ones are kept:
+#: mail from before 1970 is real (scanned letters, migrated archives).
+_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 _DATE = re.compile(
     r"(?:[A-Za-z]{3}, ?)?(\d{1,2}) ([A-Za-z]{3}) (\d{4}) (\d{1,2}):(\d\d)(?::(\d\d))? "
     r"([+-])(\d\d)(\d\d)(?: \([^()]*\))?", re.ASCII)
@@ -22,7 +25,7 @@ _MONTHS = {name: number for number, name in enumerate(
 
 
 def header_date(fields: Fields, now: datetime, notes: Notes) -> datetime | None:
-    """The Date field as aware UTC, clamped into [1970-01-01, ``now`` + 1
+    """The Date field as aware UTC, clamped into [1900-01-01, ``now`` + 1
     day] (``now`` aware UTC), a note for each clamp; None if absent or
     unparseable (with a note)."""
     value = first_field(fields, b"date", "Date", notes)
@@ -31,7 +34,7 @@ def header_date(fields: Fields, now: datetime, notes: Notes) -> datetime | None:
     value = " ".join(value.split())
     if not value:
         return None
-    low = 0
+    low = int((_EARLIEST - _EPOCH).total_seconds())
     high = int(now.timestamp()) + 86_400
     parts: tuple[int, int, int, int, int, int, int, int, int, int | None] | None
     m = _DATE.fullmatch(value)
@@ -52,7 +55,7 @@ def header_date(fields: Fields, now: datetime, notes: Notes) -> datetime | None:
         year, month, day, hour, minute, second = parts[:6]
         if (1 <= month <= 12 and 1 <= day <= 31 and 0 <= hour <= 24 and 0 <= minute <= 59
                 and 0 <= second <= 60 and abs(parts[9] or 0) <= 99 * 3600):
-            if year < 1970:
+            if year < _EARLIEST.year:
                 seconds = low - 1
             elif year > 9999:
                 seconds = high + 1
@@ -72,8 +75,8 @@ def header_date(fields: Fields, now: datetime, notes: Notes) -> datetime | None:
         notes.add(f"Date {quote(value)} could not be parsed")
         return None
     if seconds < low:
-        notes.add(f"Date {quote(value)} clamped to 1970-01-01")
-        return _EPOCH
+        notes.add(f"Date {quote(value)} clamped to {_EARLIEST.date().isoformat()}")
+        return _EARLIEST
     if seconds > high:
         clamped = _EPOCH + timedelta(seconds=high)
         notes.add(f"Date {quote(value)} clamped to {clamped.isoformat()} (now + 1 day)")

@@ -36,7 +36,7 @@ class ParsedMessage:
     from_: tuple[Address, ...]
     to: tuple[Address, ...]
     cc: tuple[Address, ...]
-    #: Timezone-aware UTC, clamped into [1970-01-01, now + 1 day]; None if
+    #: Timezone-aware UTC, clamped into [1900-01-01, now + 1 day]; None if
     #: absent or unparseable.
     date: datetime | None
     message_id: str | None
