@@ -36,7 +36,8 @@ _TOP = {
 _SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "queue": ("NEXARCH_QUEUE_", tuple(f.name for f in fields(QueueSettings))),
     "import": ("NEXARCH_IMPORT_", tuple(f.name for f in fields(ImportSettings))),
-    "api": ("NEXARCH_API_", ("enabled", "host", "port")),
+    "api": ("NEXARCH_API_", ("enabled", "host", "port", "max_streams",
+                             "max_streams_per_token")),
 }
 
 
@@ -167,6 +168,8 @@ def effective(settings: Settings) -> dict[str, Any]:
         "queue": {f.name: getattr(settings.queue, f.name) for f in fields(QueueSettings)},
         "import": {f.name: getattr(settings.importer, f.name) for f in fields(ImportSettings)},
         "api": {"enabled": api.enabled, "host": api.host, "port": api.port,
+                "max_streams": api.max_streams,
+                "max_streams_per_token": api.max_streams_per_token,
                 "tokens": [{"name": t.name, "tenant": t.tenant or "* (admin)",
                             "token_sha256": t.sha256[:8] + "…"} for t in api.tokens]},
     }
