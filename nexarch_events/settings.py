@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Self
 from urllib.parse import urlsplit
 
 from .errors import ConfigurationError
+
+log = logging.getLogger("nexarch_events.settings")
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,12 +288,29 @@ def _check_url_ports(url: str) -> None:
                 "number 0..65535; e.g. postgresql://user@host:5432/dbname") from None
 
 
+def exposed_secret(path: str, what: str) -> str | None:
+    """A warning if the file at ``path`` holding ``what`` can be read (or
+    changed) by every user of the machine, as ssh warns of a key file;
+    None if not, or if it cannot be looked at."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if mode & (stat.S_IROTH | stat.S_IWOTH):
+        return (f"{path} holds {what} and every user of this machine can read it "
+                f"(mode {stat.S_IMODE(mode):o}): chmod o-rw {path}")
+    return None
+
+
 def _read_secret(key: str, path: str) -> str:
     try:
         with open(path, encoding="utf-8") as handle:
             value = handle.read().strip()
     except OSError as exc:
         raise ConfigurationError(f"{key}={path!r} cannot be read: {exc.strerror}") from None
+    warning = exposed_secret(path, f"a secret ({key})")
+    if warning:
+        log.warning("%s", warning)
     if not value:
         raise ConfigurationError(f"{key}={path!r} is empty")
     return value
