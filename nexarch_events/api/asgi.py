@@ -78,7 +78,7 @@ class Request:
 
     def int_param(self, name: str, default: int, *, low: int, high: int) -> int:
         raw = self.param(name)
-        if raw is None or raw == "":
+        if raw is None:
             return default
         # [0-9], not \d: \d matches every script's digits ("５" is 5 to int()).
         if not _WHOLE_NUMBER.fullmatch(raw):

@@ -205,13 +205,15 @@ class _Api:
         limit = request.int_param("limit", 20, low=1, high=MAX_LIMIT)
         offset = request.int_param("offset", 0, low=0, high=MAX_OFFSET)
         text = request.param("q") or ""
+        since, until = _timestamp(request, "since"), _timestamp(request, "until")
+        if since is not None and until is not None and since >= until:
+            return json_response({"total": 0, "hits": [], "warning": "since is not before "
+                                  "until: no mail can be sent in between"})
         try:
             query = SearchQuery(tenant, "",
                                 sender=request.param("sender") or None,
                                 mailbox=request.param("mailbox") or None,
-                                date_from=_timestamp(request, "since"),
-                                date_to=_timestamp(request, "until"),
-                                limit=limit, offset=offset)
+                                date_from=since, date_to=until, limit=limit, offset=offset)
         except (InvalidQuery, InvalidJobError) as exc:
             raise ApiError(400, f"bad search: {exc}") from None
         try:
@@ -263,24 +265,30 @@ _MAILBOX_FIELDS = ("id", "name", "host", "port", "folder", "tls_mode", "use_idle
 
 
 def _timestamp(request: Request, name: str) -> datetime | None:
-    """An RFC 3339 date or date-time (UTC when it has no offset); 400 if not."""
+    """An RFC 3339 date or date-time (also without seconds or offset, as the
+    CLI takes it; UTC when it has no offset), in UTC; 400 if not."""
     raw = request.param(name)
-    if raw is None or raw == "":
+    if raw is None:
         return None
     # ASCII only: fromisoformat alone would take other scripts' digits.
     if not _ISO_DATE.fullmatch(raw):
         raise ApiError(400, f"query parameter {name!r} must be a date or date-time "
                             f"(YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM]), got {raw[:40]!r}")
     try:
-        parsed = datetime.fromisoformat(raw)
+        parsed = datetime.fromisoformat(raw.upper())
     except ValueError as exc:
         raise ApiError(400, f"query parameter {name!r}: {exc}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC instant
+        return (datetime.min if parsed.year == 1 else datetime.max).replace(tzinfo=UTC)
 
 
 _ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
-                       r"([T ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,6})?)?"
-                       r"(Z|[+-][0-9]{2}:[0-9]{2})?)?")
+                       r"([Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
+                       r"([Zz]|[+-][0-9]{2}:[0-9]{2})?)?")
 
 
 def _mailbox_json(row: dict[str, object]) -> dict[str, object]:
