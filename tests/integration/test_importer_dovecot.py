@@ -361,6 +361,9 @@ def small_message(n: int) -> bytes:
 
 
 @pytest.mark.slow
+# Its own bounds (120 s to fill the folder, 900 s to import) are what it
+# allows; pytest's 300 s default cut it short on a loaded machine.
+@pytest.mark.timeout(1100)
 async def test_large_mailbox_in_flat_memory(
         db: Database, dovecot: Dovecot, imap_folder: str) -> None:
     total_bytes = sum(len(small_message(n)) for n in range(LARGE_COUNT))
