@@ -19,6 +19,7 @@ from ..errors import DatabaseError, InvalidJobError, JobNotFound
 from ..importer.mailboxes import MailboxRegistry
 from ..importer.state import StateStore
 from ..index.base import MAX_LIMIT, MAX_OFFSET, MAX_QUERY_LENGTH, InvalidQuery, SearchQuery
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..models import Job, JobStatus
 from ..queue.jobs import Queue
 from .asgi import ApiError, Request, Response, Router, Stream, json_response
@@ -134,7 +135,7 @@ class _Api:
         stats = await self.queue.stats()
         lag_rows = await self.ctx.db.fetch(_IMPORTER_SQL["lag"])
         text = self.ctx.metrics.render(stats, lag_rows)
-        return Response(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+        return Response(200, text.encode("utf-8"), METRICS_CONTENT_TYPE)
 
     async def queue_stats(self, request: Request, who: Principal) -> Response:
         tenant = tenant_scope(who, request, required=False)

@@ -351,7 +351,7 @@ async def test_metrics_are_for_admins_only(env: Env) -> None:
     assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert 'nexarch_queue_jobs{status="pending"}' in response.text
     assert "nexarch_wake_latency_seconds_count" in response.text
-    assert 'nexarch_import_pending_messages{tenant="acme",mailbox="inbox"}' in response.text
+    assert 'nexarch_import_pending_messages{mailbox="inbox",tenant="acme"}' in response.text
     for token in (env.tokens.acme, env.tokens.globex):
         denied = await env.client.get("/metrics", token)
         assert denied.status_code == 403
