@@ -9,7 +9,7 @@ stream are described in ``openapi.yaml`` beside this file (served at
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
@@ -88,17 +88,20 @@ async def serve_api(ctx: ApiContext, *,
         raise ConfigurationError(
             f"the API cannot listen on {host}:{api.port}: {exc.strerror or exc}; set "
             "NEXARCH_API_PORT (api.port) to a free port, or 0 for any free port") from None
-    for sock in sockets.insecure_sockets:
-        sock.listen(config.backlog)
     async with contextlib.AsyncExitStack() as stack:
+        for sock in sockets.insecure_sockets:
+            stack.callback(sock.close)  # also if a pool below cannot open
+            sock.listen(config.backlog)
+        # The pools opened here live as long as this call: the caller's ctx
+        # is left as it was.
         if ctx.streams_db is None:
-            ctx.streams_db = await stack.enter_async_context(Database.open(
+            ctx = replace(ctx, streams_db=await stack.enter_async_context(Database.open(
                 ctx.db.dsn, min_size=1, max_size=STREAM_POOL_SIZE,
-                command_timeout=ctx.settings.command_timeout))
+                command_timeout=ctx.settings.command_timeout)))
         if ctx.probe_db is None:
-            ctx.probe_db = await stack.enter_async_context(Database.open(
+            ctx = replace(ctx, probe_db=await stack.enter_async_context(Database.open(
                 ctx.db.dsn, min_size=1, max_size=1,
-                command_timeout=ctx.settings.command_timeout))
+                command_timeout=ctx.settings.command_timeout)))
         app = create_app(ctx)
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(partial(
