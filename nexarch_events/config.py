@@ -14,15 +14,18 @@ every secret masked.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import fields, replace
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
-from .settings import ApiSettings, ApiToken, ImportSettings, QueueSettings, Settings
+from .settings import ApiSettings, ApiToken, ImportSettings, QueueSettings, Settings, exposed_secret
+
+log = logging.getLogger("nexarch_events.config")
 
 #: Top-level keys of the file and their variables.
 _TOP = {
@@ -37,7 +40,8 @@ _TOP = {
 _SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "queue": ("NEXARCH_QUEUE_", tuple(f.name for f in fields(QueueSettings))),
     "import": ("NEXARCH_IMPORT_", tuple(f.name for f in fields(ImportSettings))),
-    "api": ("NEXARCH_API_", ("enabled", "host", "port")),
+    "api": ("NEXARCH_API_", ("enabled", "host", "port", "max_streams",
+                             "max_streams_per_token")),
 }
 
 
@@ -109,6 +113,7 @@ def _tokens(path: str, entries: object) -> tuple[ApiToken, ...]:
         raise ConfigurationError(f"{path}: api.tokens must be an array of tables "
                                  "([[api.tokens]])")
     out = []
+    warned: set[str] = set()
     for i, entry in enumerate(entries):
         where = f"{path}: api.tokens[{i}]"
         unknown = set(entry) - {"name", "tenant", "token", "token_file", "token_sha256"}
@@ -121,6 +126,11 @@ def _tokens(path: str, entries: object) -> tuple[ApiToken, ...]:
         if "token_sha256" in entry:
             digest = str(entry["token_sha256"]).lower()
         else:
+            exposed = exposed_secret(path, "an API token in clear text") if "token" in entry \
+                else exposed_secret(str(entry["token_file"]), "an API token")
+            if exposed and exposed not in warned:
+                warned.add(exposed)
+                log.warning("%s (or use token_sha256)", exposed)
             secret = str(entry["token"]) if "token" in entry else _token_file(
                 where, str(entry["token_file"]))
             if len(secret) < 16:
@@ -143,15 +153,23 @@ def _token_file(where: str, file: str) -> str:
 
 
 def mask_url(url: str | None) -> str | None:
-    """A database URL with its password replaced by ***."""
+    """A database URL with every password replaced by ***: the one in the
+    user part and any query parameter naming one (``?password=``,
+    ``sslpassword=``), as libpq and asyncpg accept both."""
     if url is None:
         return None
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = (parts.username or "") + ":***"
-    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[-1]}"))
+    if parts.password is not None:
+        netloc = parts.netloc.rsplit("@", 1)
+        user = (parts.username or "") + ":***"
+        parts = parts._replace(netloc=f"{user}@{netloc[-1]}")
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any("password" in key.lower() for key, _ in pairs):
+            parts = parts._replace(query=urlencode(
+                [(key, "***" if "password" in key.lower() else value) for key, value in pairs],
+                safe="*"))
+    return urlunsplit(parts)
 
 
 def effective(settings: Settings) -> dict[str, Any]:
@@ -168,6 +186,8 @@ def effective(settings: Settings) -> dict[str, Any]:
         "queue": {f.name: getattr(settings.queue, f.name) for f in fields(QueueSettings)},
         "import": {f.name: getattr(settings.importer, f.name) for f in fields(ImportSettings)},
         "api": {"enabled": api.enabled, "host": api.host, "port": api.port,
+                "max_streams": api.max_streams,
+                "max_streams_per_token": api.max_streams_per_token,
                 "tokens": [{"name": t.name, "tenant": t.tenant or "* (admin)",
                             "token_sha256": t.sha256[:8] + "…"} for t in api.tokens]},
     }

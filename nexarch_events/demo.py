@@ -218,8 +218,10 @@ def latency_line(values: list[float]) -> str:
 
 class Demo:
     def __init__(self, url: str, settings: Settings, *, duration: float, rate: float,
-                 initial: int = INITIAL_MESSAGES, out: TextIO | None = None) -> None:
+                 initial: int = INITIAL_MESSAGES, out: TextIO | None = None,
+                 command: str = "nexarch-events") -> None:
         self.url = url
+        self.command = command
         # An admin token for this run's status page (only its hash is kept
         # in the settings; the token itself goes into the printed URL).
         self.api_token = secrets.token_urlsafe(24)
@@ -491,18 +493,20 @@ class Demo:
             say(f"{len(missing)} message(s) did not become searchable within "
                 f"{DRAIN_SECONDS:g} s of the last delivery")
         say(f"mailbox {TENANT}/{MAILBOX} unregistered (its server lived in this process); "
-            f"the mail stays archived: nexarch-events search --tenant {TENANT} "
+            f"the mail stays archived: {self.command} search --tenant {TENANT} "
             f"{self.searches[0][0] if self.searches else 'Angebot'}")
         return 1 if missing and not self.interrupted else 0
 
 
 def run_demo(url: str, settings: Settings, *, duration: float, rate: float,
-             initial: int = INITIAL_MESSAGES, out: TextIO | None = None) -> int:
+             initial: int = INITIAL_MESSAGES, out: TextIO | None = None,
+             command: str = "nexarch-events") -> int:
     """Blocks for about ``duration`` seconds plus start-up and shutdown, or
     until SIGINT/SIGTERM (handled: the summary is printed and 0 returned).
     Returns the exit code: 0, or 1 if a delivered message never became
     searchable. Runs its own trio loop (``aio.run``); sets ``PASSWORD_ENV``
-    in this process's environment; writes to ``out`` (default stdout)."""
+    in this process's environment; writes to ``out`` (default stdout).
+    ``command`` runs this CLI (for the closing hint), as the user ran it."""
     if not duration > 0:
         raise ConfigurationError(f"demo: --duration must be a positive number of seconds, "
                                  f"got {duration!r}")
@@ -511,5 +515,6 @@ def run_demo(url: str, settings: Settings, *, duration: float, rate: float,
                                  f"got {rate!r}")
     if not 1 <= initial <= 10_000:
         raise ConfigurationError("demo: the initial message count must be 1..10000")
-    demo = Demo(url, settings, duration=duration, rate=rate, initial=initial, out=out)
+    demo = Demo(url, settings, duration=duration, rate=rate, initial=initial, out=out,
+                command=command)
     return aio_run(demo.run)

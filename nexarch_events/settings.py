@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Self
+from urllib.parse import urlsplit
 
 from .errors import ConfigurationError
+
+log = logging.getLogger("nexarch_events.settings")
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,8 +127,14 @@ class ApiSettings:
     host: str = "127.0.0.1"
     port: int = 8080
     tokens: tuple[ApiToken, ...] = ()
+    #: Concurrent ``/events`` streams, in all and per token; beyond either
+    #: a new stream gets 429 with Retry-After.
+    max_streams: int = 100
+    max_streams_per_token: int = 10
 
     def __post_init__(self) -> None:
+        _positive_int("api.max_streams", self.max_streams, upper=100_000)
+        _positive_int("api.max_streams_per_token", self.max_streams_per_token, upper=100_000)
         if isinstance(self.port, bool) or not isinstance(self.port, int) \
                 or not 0 <= self.port <= 65535:
             raise ConfigurationError(f"api.port (NEXARCH_API_PORT) must be 0..65535 (0: any "
@@ -187,6 +198,8 @@ class Settings:
             raise ConfigurationError(
                 "database_url must start with postgresql:// (set NEXARCH_DATABASE_URL), "
                 "or be unset to use the embedded Postgres")
+        if self.database_url is not None:
+            _check_url_ports(self.database_url)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
@@ -230,6 +243,10 @@ class Settings:
         if "NEXARCH_API_PORT" in env:
             api_kwargs["port"] = _parse_number("NEXARCH_API_PORT", env["NEXARCH_API_PORT"],
                                                integer=True)
+        for name in ("max_streams", "max_streams_per_token"):
+            key = f"NEXARCH_API_{name.upper()}"
+            if key in env:
+                api_kwargs[name] = _parse_number(key, env[key], integer=True)
         if "NEXARCH_API_ENABLED" in env:
             api_kwargs["enabled"] = _parse_bool("NEXARCH_API_ENABLED", env["NEXARCH_API_ENABLED"])
         if api_kwargs:
@@ -262,10 +279,38 @@ class Settings:
             "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
             "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL",
-            "NEXARCH_MANTICORE_TIMEOUT"})
+            "NEXARCH_MANTICORE_TIMEOUT", "NEXARCH_API_MAX_STREAMS",
+            "NEXARCH_API_MAX_STREAMS_PER_TOKEN"})
 
     def with_queue(self, **changes: object) -> Settings:
         return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]
+
+
+def _check_url_ports(url: str) -> None:
+    """A malformed host:port is the user's to fix (exit 2), not a crash deep
+    inside the driver. Each host of a multi-host URL is checked."""
+    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    for host in hosts.split(","):
+        try:
+            _ = urlsplit("//" + host).port  # raises ValueError if malformed
+        except ValueError:
+            raise ConfigurationError(
+                f"database_url (NEXARCH_DATABASE_URL): the port in {host[:60]!r} is not a "
+                "number 0..65535; e.g. postgresql://user@host:5432/dbname") from None
+
+
+def exposed_secret(path: str, what: str) -> str | None:
+    """A warning if the file at ``path`` holding ``what`` can be read (or
+    changed) by every user of the machine, as ssh warns of a key file;
+    None if not, or if it cannot be looked at."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if mode & (stat.S_IROTH | stat.S_IWOTH):
+        return (f"{path} holds {what} and every user of this machine can read it "
+                f"(mode {stat.S_IMODE(mode):o}): chmod o-rw {path}")
+    return None
 
 
 def _read_secret(key: str, path: str) -> str:
@@ -274,6 +319,9 @@ def _read_secret(key: str, path: str) -> str:
             value = handle.read().strip()
     except OSError as exc:
         raise ConfigurationError(f"{key}={path!r} cannot be read: {exc.strerror}") from None
+    warning = exposed_secret(path, f"a secret ({key})")
+    if warning:
+        log.warning("%s", warning)
     if not value:
         raise ConfigurationError(f"{key}={path!r} is empty")
     return value

@@ -8,14 +8,16 @@ stream are described in ``openapi.yaml`` beside this file (served at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
 
 import trio
 from hypercorn.config import Config
-from hypercorn.trio import serve
+from hypercorn.trio.run import worker_serve
 from hypercorn.typing import Framework
+from hypercorn.utils import wrap_app
 
 from ..aio import Database
 from ..errors import ConfigurationError
@@ -26,6 +28,9 @@ from ..settings import Settings
 from .asgi import AsgiApp, log
 from .events import CHANNELS
 from .routes import build_router
+
+#: Connections of the event streams' own pool (set-up and replay reads).
+STREAM_POOL_SIZE = 2
 
 
 @dataclass
@@ -41,6 +46,13 @@ class ApiContext:
     metrics: Metrics
     #: Seconds of silence after which an event stream sends ": keepalive".
     sse_keepalive_s: float = 15.0
+    #: Event streams read their set-up and replays here, never from ``db``:
+    #: a burst of streams then waits for these connections, not the
+    #: workers'. ``serve_api`` opens a small pool when None (else: ``db``).
+    streams_db: Database | None = None
+    #: ``/readyz`` pings here: capacity reserved for it, so a busy ``db``
+    #: does not make the service look dead. Opened like ``streams_db``.
+    probe_db: Database | None = None
 
 
 def create_app(ctx: ApiContext) -> AsgiApp:
@@ -61,7 +73,6 @@ async def serve_api(ctx: ApiContext, *,
     port (the chosen one when the setting is 0). Cancellation closes the
     listening socket and every connection, event streams included.
     """
-    app = create_app(ctx)
     api = ctx.settings.api
     config = Config()
     host = f"[{api.host}]" if ":" in api.host else api.host
@@ -69,12 +80,36 @@ async def serve_api(ctx: ApiContext, *,
     config.accesslog = None
     config.errorlog = log
     config.include_server_header = False
-    async with trio.open_nursery() as nursery:
-        binds: list[str] = await nursery.start(
-            partial(serve, cast(Framework, app), config, mode="asgi"))
-        port = int(binds[0].rsplit(":", 1)[1])
-        log.info("api listening on http://%s:%d", host, port)
-        task_status.started(port)
+    # Bound here, not inside hypercorn: a busy port is the user's to fix
+    # (exit 2, one line), not an exception group from the server's nursery.
+    try:
+        sockets = config.create_sockets()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"the API cannot listen on {host}:{api.port}: {exc.strerror or exc}; set "
+            "NEXARCH_API_PORT (api.port) to a free port, or 0 for any free port") from None
+    async with contextlib.AsyncExitStack() as stack:
+        for sock in sockets.insecure_sockets:
+            stack.callback(sock.close)  # also if a pool below cannot open
+            sock.listen(config.backlog)
+        # The pools opened here live as long as this call: the caller's ctx
+        # is left as it was.
+        if ctx.streams_db is None:
+            ctx = replace(ctx, streams_db=await stack.enter_async_context(Database.open(
+                ctx.db.dsn, min_size=1, max_size=STREAM_POOL_SIZE,
+                command_timeout=ctx.settings.command_timeout)))
+        if ctx.probe_db is None:
+            ctx = replace(ctx, probe_db=await stack.enter_async_context(Database.open(
+                ctx.db.dsn, min_size=1, max_size=1,
+                command_timeout=ctx.settings.command_timeout)))
+        app = create_app(ctx)
+        async with trio.open_nursery() as nursery:
+            binds: list[str] = await nursery.start(partial(
+                worker_serve, wrap_app(cast(Framework, app), config.wsgi_max_body_size, "asgi"),
+                config, sockets=sockets))
+            port = int(binds[0].rsplit(":", 1)[1])
+            log.info("api listening on http://%s:%d", host, port)
+            task_status.started(port)
 
 
 __all__ = ["ApiContext", "create_app", "serve_api"]

@@ -33,6 +33,11 @@ Send = Callable[[Message], Awaitable[None]]
 
 Write = Callable[[bytes], Awaitable[None]]
 
+#: The largest id Postgres' bigint holds.
+MAX_ID = 2**63 - 1
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,12}")
+_ID = re.compile(r"[0-9]{1,19}")
+
 class ApiError(Exception):
     """Ends a request with ``{"error": message}`` and this status."""
 
@@ -52,6 +57,8 @@ class Request:
     headers: Mapping[str, str]
     query: Mapping[str, list[str]]
     path_params: Mapping[str, str] = field(default_factory=dict)
+    #: HEAD runs the GET handler; the body is left out when sending.
+    head: bool = False
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -71,9 +78,10 @@ class Request:
 
     def int_param(self, name: str, default: int, *, low: int, high: int) -> int:
         raw = self.param(name)
-        if raw is None or raw == "":
+        if raw is None:
             return default
-        if not re.fullmatch(r"[+-]?\d{1,12}", raw.strip()):
+        # [0-9], not \d: \d matches every script's digits ("５" is 5 to int()).
+        if not _WHOLE_NUMBER.fullmatch(raw):
             raise ApiError(400, f"query parameter {name!r} must be a whole number, "
                                 f"got {raw[:40]!r}")
         value = int(raw)
@@ -82,9 +90,11 @@ class Request:
         return value
 
     def path_id(self, name: str, what: str) -> int:
+        """A bigint id: 1..2**63-1 in ASCII digits (400 otherwise)."""
         raw = self.path_params[name]
-        if not re.fullmatch(r"\d{1,18}", raw) or int(raw) < 1:
-            raise ApiError(400, f"{what} id must be a positive whole number, got {raw[:40]!r}")
+        if not _ID.fullmatch(raw) or not 1 <= int(raw) <= MAX_ID:
+            raise ApiError(400, f"{what} id must be a whole number 1..{MAX_ID}, got "
+                                f"{raw[:40]!r}")
         return int(raw)
 
 
@@ -105,6 +115,9 @@ class Stream:
     content_type: str
     headers: tuple[tuple[str, str], ...] = ()
     status: int = 200
+    #: Called once the response is over, however it ended (also when it
+    #: never started): gives back what the handler reserved for it.
+    on_close: Callable[[], None] | None = None
 
 
 def _json_default(value: object) -> str:
@@ -137,26 +150,35 @@ class Route:
     method: str
     pattern: re.Pattern[str]
     handler: Handler
+    #: The query parameters this route reads; any other one is a 400 (a
+    #: misspelt filter must not silently widen a search). None: the route
+    #: reads none and ignores any (probes, the page, its assets).
+    params: frozenset[str] | None = None
 
 
 class Router:
     def __init__(self) -> None:
         self.routes: list[Route] = []
 
-    def add(self, method: str, path: str, handler: Handler) -> None:
+    def add(self, method: str, path: str, handler: Handler,
+            params: Iterable[str] | None = None) -> None:
         """``path`` may hold ``{name}`` segments (one path segment each)."""
         regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
-        self.routes.append(Route(method, re.compile(regex + r"\Z"), handler))
+        self.routes.append(Route(method, re.compile(regex + r"\Z"), handler,
+                                 None if params is None else frozenset(params)))
 
-    def match(self, method: str, path: str) -> tuple[Handler, dict[str, str]]:
+    def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
+        """The route (HEAD finds the GET route) and its path parameters."""
         allowed: list[str] = []
         for route in self.routes:
             found = route.pattern.match(path)
             if found is None:
                 continue
-            if route.method == method:
-                return route.handler, found.groupdict()
+            if route.method == method or (method == "HEAD" and route.method == "GET"):
+                return route, found.groupdict()
             allowed.append(route.method)
+            if route.method == "GET":
+                allowed.append("HEAD")
         if allowed:
             raise ApiError(405, f"{method} is not allowed on {path}; use "
                                 f"{' or '.join(sorted(set(allowed)))}",
@@ -192,6 +214,15 @@ def _parse_request(scope: Scope) -> Request:
     return Request(method.upper(), path, headers, params)
 
 
+def _with_cache_default(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The response's own headers, plus ``cache-control: no-store`` unless it
+    sets one (exactly one Cache-Control header either way)."""
+    out = list(headers)
+    if not any(name == "cache-control" for name, _ in out):
+        out.append(("cache-control", "no-store"))
+    return out
+
+
 def _header_list(pairs: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in pairs]
 
@@ -212,17 +243,34 @@ class AsgiApp:
                 await send({"type": "websocket.close", "code": 1003})
             return
         result = await self._respond(scope)
+        head = scope.get("method") == "HEAD"
         if isinstance(result, Response):
-            await self._send_response(send, result)
-        else:
-            await self._send_stream(receive, send, result)
+            await self._send_response(send, result, head=head)
+            return
+        try:
+            if head:
+                await self._send_response(
+                    send, Response(result.status, b"", result.content_type, result.headers),
+                    head=True, length=False)
+            else:
+                await self._send_stream(receive, send, result)
+        finally:
+            if result.on_close is not None:
+                result.on_close()
 
     async def _respond(self, scope: Scope) -> Response | Stream:
         try:
             request = _parse_request(scope)
-            handler, params = self.router.match(request.method, request.path)
-            return await handler(Request(request.method, request.path, request.headers,
-                                         request.query, params))
+            route, params = self.router.match(request.method, request.path)
+            if route.params is not None and set(request.query) - route.params:
+                unknown = sorted(set(request.query) - route.params)
+                known = ", ".join(sorted(route.params)) or "none"
+                raise ApiError(400, f"unknown query parameter(s) "
+                                    f"{', '.join(repr(u[:40]) for u in unknown[:5])} on "
+                                    f"{request.path}; known: {known}")
+            return await route.handler(Request(request.method, request.path, request.headers,
+                                               request.query, params,
+                                               head=request.method == "HEAD"))
         except ApiError as exc:
             return error_response(exc)
         except (DatabaseUnavailable, IndexUnavailable) as exc:
@@ -237,19 +285,21 @@ class AsgiApp:
             return error_response(ApiError(500, f"internal error ({type(exc).__name__}); "
                                                 "the server log has the details"))
 
-    async def _send_response(self, send: Send, response: Response) -> None:
-        headers = [("content-type", response.content_type),
-                   ("content-length", str(len(response.body))),
-                   *_COMMON_HEADERS, *response.headers]
-        if not any(name == "cache-control" for name, _ in response.headers):
-            headers.append(("cache-control", "no-store"))
+    async def _send_response(self, send: Send, response: Response, *, head: bool = False,
+                             length: bool = True) -> None:
+        """``head``: the headers a GET would get, and no body."""
+        headers = [("content-type", response.content_type), *_COMMON_HEADERS,
+                   *_with_cache_default(response.headers)]
+        if length:
+            headers.insert(1, ("content-length", str(len(response.body))))
         await send({"type": "http.response.start", "status": response.status,
                     "headers": _header_list(headers)})
-        await send({"type": "http.response.body", "body": response.body, "more_body": False})
+        await send({"type": "http.response.body", "body": b"" if head else response.body,
+                    "more_body": False})
 
     async def _send_stream(self, receive: Receive, send: Send, stream: Stream) -> None:
-        headers = [("content-type", stream.content_type), ("cache-control", "no-store"),
-                   *_COMMON_HEADERS, *stream.headers]
+        headers = [("content-type", stream.content_type), *_COMMON_HEADERS,
+                   *_with_cache_default(stream.headers)]
         await send({"type": "http.response.start", "status": stream.status,
                     "headers": _header_list(headers)})
 

@@ -76,7 +76,8 @@ SETTLE_S = 0.02
 RESYNC_QUIET_S = 1.0
 
 _MAX_ID = 2**63 - 1
-_WATERMARK = re.compile(r"(\d{1,19})\.(\d{1,19})")
+# [0-9], not \d: \d also matches other scripts' digits, which int() reads.
+_WATERMARK = re.compile(r"([0-9]{1,19})\.([0-9]{1,19})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,11 +91,43 @@ class Watermark:
     @classmethod
     def parse(cls, text: str) -> Watermark:
         """Raises ValueError naming the expected form."""
-        found = _WATERMARK.fullmatch(text.strip())
+        found = _WATERMARK.fullmatch(text)
         if found is None or int(found[1]) > _MAX_ID or int(found[2]) > _MAX_ID:
             raise ValueError(f"Last-Event-ID {text[:60]!r} is not an event id of this stream "
                              "(<archive id>.<job id>, e.g. 4001.17)")
         return cls(int(found[1]), int(found[2]))
+
+
+class StreamSlots:
+    """Counts open event streams, in all and per token. Synchronous: the
+    count is checked and taken in one step (no await in between)."""
+
+    def __init__(self, total: int, per_token: int) -> None:
+        self.total = total
+        self.per_token = per_token
+        self._open: dict[str, int] = {}
+
+    @property
+    def in_use(self) -> int:
+        return sum(self._open.values())
+
+    def take(self, token: str) -> str | None:
+        """Take a slot for ``token``; None if taken, else why not."""
+        if self.in_use >= self.total:
+            return f"the server has {self.total} event streams open, its limit " \
+                   "(NEXARCH_API_MAX_STREAMS)"
+        if self._open.get(token, 0) >= self.per_token:
+            return f"token {token!r} has {self.per_token} event streams open, its limit " \
+                   "(NEXARCH_API_MAX_STREAMS_PER_TOKEN)"
+        self._open[token] = self._open.get(token, 0) + 1
+        return None
+
+    def give_back(self, token: str) -> None:
+        left = self._open.get(token, 0) - 1
+        if left > 0:
+            self._open[token] = left
+        else:
+            self._open.pop(token, None)
 
 
 class _Merge:

@@ -4,8 +4,11 @@ are in openapi.yaml."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from importlib import resources
 from typing import TYPE_CHECKING
 
@@ -15,12 +18,13 @@ from ..db import sqlfiles
 from ..errors import DatabaseError, InvalidJobError, JobNotFound
 from ..importer.mailboxes import MailboxRegistry
 from ..importer.state import StateStore
-from ..index.base import MAX_LIMIT, MAX_OFFSET, InvalidQuery, SearchQuery
+from ..index.base import MAX_LIMIT, MAX_OFFSET, MAX_QUERY_LENGTH, InvalidQuery, SearchQuery
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..models import Job, JobStatus
 from ..queue.jobs import Queue
 from .asgi import ApiError, Request, Response, Router, Stream, json_response
 from .auth import Principal, authenticate, require_admin, tenant_scope
-from .events import EventStream, Watermark
+from .events import EventStream, StreamSlots, Watermark
 from .store import mailboxes_of
 
 if TYPE_CHECKING:
@@ -30,6 +34,9 @@ _SQL = sqlfiles.queries("queue.sql")
 _IMPORTER_SQL = sqlfiles.queries("importer.sql")
 
 READY_TIMEOUT_S = 2.0
+#: Seconds a client refused a stream (429) is asked to wait.
+STREAM_RETRY_AFTER_S = 5
+SEARCH_PARAMS = ("tenant", "q", "limit", "offset", "sender", "mailbox", "since", "until")
 THROUGHPUT_WINDOW_S = 60.0
 
 #: The status page may load its own script and style and call this API;
@@ -54,18 +61,20 @@ def build_router(ctx: ApiContext) -> Router:
     router.add("GET", "/openapi.yaml", api.spec)
     for path in _STATIC:
         router.add("GET", path, api.static)
-    authed: list[tuple[str, str, AuthedHandler]] = [
-        ("GET", "/metrics", api.metrics),
-        ("GET", "/queue", api.queue_stats),
-        ("GET", "/jobs/{id}", api.job),
-        ("POST", "/jobs/{id}/retry", api.retry_job),
-        ("GET", "/mailboxes", api.mailboxes),
-        ("POST", "/mailboxes/{id}/sync", api.sync_mailbox),
-        ("GET", "/search", api.search),
-        ("GET", "/events", api.events),
+    # The query parameters of each route, as in openapi.yaml.
+    tenant = ("tenant",)
+    authed: list[tuple[str, str, AuthedHandler, tuple[str, ...]]] = [
+        ("GET", "/metrics", api.metrics, ()),
+        ("GET", "/queue", api.queue_stats, tenant),
+        ("GET", "/jobs/{id}", api.job, tenant),
+        ("POST", "/jobs/{id}/retry", api.retry_job, tenant),
+        ("GET", "/mailboxes", api.mailboxes, tenant),
+        ("POST", "/mailboxes/{id}/sync", api.sync_mailbox, tenant),
+        ("GET", "/search", api.search, SEARCH_PARAMS),
+        ("GET", "/events", api.events, tenant),
     ]
-    for method, path, handler in authed:
-        router.add(method, path, api.authed(handler))
+    for method, path, handler, params in authed:
+        router.add(method, path, api.authed(handler), params)
     return router
 
 
@@ -80,6 +89,8 @@ class _Api:
                       for path, (name, kind) in _STATIC.items()}
         self.spec_text = resources.files("nexarch_events.api").joinpath(
             "openapi.yaml").read_bytes()
+        self.slots = StreamSlots(ctx.settings.api.max_streams,
+                                 ctx.settings.api.max_streams_per_token)
 
     def authed(self, handler: AuthedHandler) -> Handler:
         async def check(request: Request) -> Response | Stream:
@@ -94,9 +105,12 @@ class _Api:
 
     async def readyz(self, request: Request) -> Response:
         database = False
+        # Its own connection (probe_db): when the shared pool is exhausted
+        # the service is busy, not dead.
+        probe = self.ctx.probe_db or self.ctx.db
         with trio.move_on_after(READY_TIMEOUT_S):
             try:
-                database = await self.ctx.db.fetchval(_SQL["ping"]) == 1
+                database = await probe.fetchval(_SQL["ping"]) == 1
             except DatabaseError:
                 database = False
         listener = self.ctx.listener.connected
@@ -121,7 +135,7 @@ class _Api:
         stats = await self.queue.stats()
         lag_rows = await self.ctx.db.fetch(_IMPORTER_SQL["lag"])
         text = self.ctx.metrics.render(stats, lag_rows)
-        return Response(200, text.encode("utf-8"), "text/plain; version=0.0.4; charset=utf-8")
+        return Response(200, text.encode("utf-8"), METRICS_CONTENT_TYPE)
 
     async def queue_stats(self, request: Request, who: Principal) -> Response:
         tenant = tenant_scope(who, request, required=False)
@@ -191,14 +205,27 @@ class _Api:
         assert tenant is not None
         limit = request.int_param("limit", 20, low=1, high=MAX_LIMIT)
         offset = request.int_param("offset", 0, low=0, high=MAX_OFFSET)
+        text = request.param("q") or ""
+        since, until = _timestamp(request, "since"), _timestamp(request, "until")
+        if since is not None and until is not None and since >= until:
+            return json_response({"total": 0, "hits": [], "warning": "since is not before "
+                                  "until: no mail can be sent in between"})
         try:
-            query = SearchQuery(tenant, request.param("q") or "",
+            query = SearchQuery(tenant, "",
                                 sender=request.param("sender") or None,
                                 mailbox=request.param("mailbox") or None,
-                                limit=limit, offset=offset)
-            result = await self.ctx.backend.search(query)
+                                date_from=since, date_to=until, limit=limit, offset=offset)
         except (InvalidQuery, InvalidJobError) as exc:
             raise ApiError(400, f"bad search: {exc}") from None
+        try:
+            query = replace(query, text=text)
+        except InvalidQuery as exc:
+            if len(text) > MAX_QUERY_LENGTH or "\x00" in text:
+                raise ApiError(400, f"bad search: {exc}") from None
+            # Words the index cannot search for (punctuation only, or only
+            # exclusions): nothing matches, and the reason comes along.
+            return json_response({"total": 0, "hits": [], "warning": str(exc)})
+        result = await self.ctx.backend.search(query)
         seen = await mailboxes_of(self.ctx.db, tenant, [hit.archive_id for hit in result.hits])
         return json_response({"total": result.total, "hits": [
             {"archive_id": hit.archive_id, "subject": hit.subject, "sender": hit.sender,
@@ -210,16 +237,23 @@ class _Api:
         tenant = tenant_scope(who, request, required=False)
         resume = None
         raw = request.header("last-event-id")
-        if raw is not None and raw.strip():
+        if raw is not None:
             try:
                 resume = Watermark.parse(raw)
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from None
-        stream = EventStream(self.ctx.db, self.ctx.listener, tenant=tenant, resume=resume,
-                             keepalive=self.ctx.sse_keepalive_s)
+        refused = self.slots.take(who.name)
+        if refused is not None:
+            raise ApiError(429, f"too many event streams: {refused}; retry later",
+                           [("retry-after", str(STREAM_RETRY_AFTER_S))])
+        # Set-up and replays read from the streams' own pool: a burst of
+        # streams waits there, never for the workers' connections.
+        stream = EventStream(self.ctx.streams_db or self.ctx.db, self.ctx.listener,
+                             tenant=tenant, resume=resume, keepalive=self.ctx.sse_keepalive_s)
         # no-transform/X-Accel-Buffering: proxies must pass events on at once.
         return Stream(stream.run, "text/event-stream; charset=utf-8",
-                      (("x-accel-buffering", "no"), ("cache-control", "no-store, no-transform")))
+                      (("x-accel-buffering", "no"), ("cache-control", "no-store, no-transform")),
+                      on_close=partial(self.slots.give_back, who.name))
 
 
 #: What /mailboxes shows of a mailbox: never the user name or password
@@ -229,6 +263,33 @@ _MAILBOX_FIELDS = ("id", "name", "host", "port", "folder", "tls_mode", "use_idle
                    "imported_total", "last_run_started_at", "last_run_finished_at",
                    "last_success_at", "last_error", "last_error_at", "warning",
                    "sync_requested_at", "failures")
+
+
+def _timestamp(request: Request, name: str) -> datetime | None:
+    """An RFC 3339 date or date-time (also without seconds or offset, as the
+    CLI takes it; UTC when it has no offset), in UTC; 400 if not."""
+    raw = request.param(name)
+    if raw is None:
+        return None
+    # ASCII only: fromisoformat alone would take other scripts' digits.
+    if not _ISO_DATE.fullmatch(raw):
+        raise ApiError(400, f"query parameter {name!r} must be a date or date-time "
+                            f"(YYYY-MM-DD[THH:MM[:SS]][Z|+HH:MM]), got {raw[:40]!r}")
+    try:
+        parsed = datetime.fromisoformat(raw.upper())
+    except ValueError as exc:
+        raise ApiError(400, f"query parameter {name!r}: {exc}") from None
+    if parsed.tzinfo is None:
+        return parsed.replace(tzinfo=UTC)
+    try:
+        return parsed.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the first UTC instant
+        return (datetime.min if parsed.year == 1 else datetime.max).replace(tzinfo=UTC)
+
+
+_ISO_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}"
+                       r"([Tt ][0-9]{2}:[0-9]{2}(:[0-9]{2}(\.[0-9]{1,9})?)?"
+                       r"([Zz]|[+-][0-9]{2}:[0-9]{2})?)?")
 
 
 def _mailbox_json(row: dict[str, object]) -> dict[str, object]:

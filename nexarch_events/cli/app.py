@@ -93,6 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """What can be checked without a database, checked before one is
+    reached or an embedded server started: a bad tenant slug (any command's
+    ``--tenant``), then the command's own ``check`` (set with set_defaults)."""
+    from ..models import validate_tenant_slug
+
+    tenant = getattr(args, "tenant", None)
+    if isinstance(tenant, str):
+        validate_tenant_slug(tenant)
+    check = getattr(args, "check", None)
+    if check is not None:
+        check(args)
+
+
 def leaf_errors(exc: BaseException) -> list[BaseException]:
     """The exceptions inside (nested) exception groups: trio wraps whatever
     crosses a nursery, and the CLI reports the errors themselves."""
@@ -121,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = _settings(args)
         configure_logging(args.log_level, settings.log_format)
+        check_arguments(args)
         if not getattr(args, "needs_database", True):
             code0: int = args.fn(args, settings, "")
             return code0

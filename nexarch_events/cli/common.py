@@ -4,8 +4,11 @@ against the database, and small formatting helpers."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import shlex
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +59,23 @@ def database_url(settings: Settings) -> Iterator[str]:
     finally:
         if started_here:
             server.stop()
+
+
+def command_name() -> str:
+    """How to run this CLI again, as the user ran it: ``nexarch-events`` when
+    that is on PATH, else the path they typed (``.venv/bin/nexarch-events``
+    after the README's install), or ``python -m nexarch_events``."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    name = Path(argv0).name
+    if name == "nexarch-events":
+        on_path = shutil.which("nexarch-events")
+        if on_path and Path(on_path).resolve() == Path(argv0).resolve():
+            return "nexarch-events"
+        return shlex.quote(argv0)
+    python = Path(sys.executable)
+    with contextlib.suppress(ValueError):
+        python = python.relative_to(Path.cwd())  # .venv/bin/python reads better
+    return f"{shlex.quote(str(python))} -m nexarch_events"
 
 
 def with_index(url: str, settings: Settings, fn: Callable[[Any, Any], Any]) -> Any:

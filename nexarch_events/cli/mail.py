@@ -5,45 +5,74 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import shutil
+import sys
+import textwrap
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError
 from ..settings import Settings
-from .common import EXIT_FAILED, EXIT_OK, Subparsers, jsonable, parse_date, progress_bar, with_index
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Subparsers,
+    command_name,
+    jsonable,
+    parse_date,
+    progress_bar,
+    with_index,
+)
+
+
+def check_archive(args: argparse.Namespace) -> None:
+    for name in args.files:
+        if not Path(name).is_file():
+            raise ConfigurationError(f"archive: {name} is not a file")
 
 
 def cmd_archive(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    """Archives and enqueues; the index is the workers' job (a running
+    ``run`` or ``worker``), so archiving never waits for the index and one
+    code path indexes everything."""
     from ..mail.archive import Archive
 
     files = [Path(f) for f in args.files]
-    for path in files:
-        if not path.is_file():
-            raise ConfigurationError(f"archive: {path} is not a file")
+    queued = 0
 
     async def go(db: Any, backend: Any) -> None:
+        nonlocal queued
         archive = Archive(db)
         for path in files:
             stored = await archive.store(args.tenant, path.read_bytes())
             state = "archived" if stored.created else "already archived"
+            queued += stored.job_id is not None
             print(f"{path}\t{state}\tarchive_id={stored.archive_id}"
                   + (f"\tindex_job={stored.job_id}" if stored.job_id else ""))
 
     with_index(url, settings, go)
+    if queued:
+        print(f"{queued} message(s) queued for indexing: searchable once `{command_name()} run` "
+              f"or `{command_name()} worker` is running (it may be already)", file=sys.stderr)
     return EXIT_OK
 
 
-def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
+def search_query(args: argparse.Namespace) -> Any:
+    """The SearchQuery of ``search``'s arguments; ConfigurationError if bad."""
     from ..index.base import InvalidQuery, SearchQuery
 
     try:
-        query = SearchQuery(args.tenant, args.query, sender=args.sender,
-                            date_from=parse_date(args.since, "--since"),
-                            date_to=parse_date(args.until, "--until"),
-                            mailbox=args.mailbox, limit=args.limit, offset=args.offset)
+        return SearchQuery(args.tenant, args.query, sender=args.sender,
+                           date_from=parse_date(args.since, "--since"),
+                           date_to=parse_date(args.until, "--until"),
+                           mailbox=args.mailbox, limit=args.limit, offset=args.offset)
     except InvalidQuery as exc:
         raise ConfigurationError(f"search: {exc}") from exc
+
+
+def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    query = search_query(args)
 
     async def go(db: Any, backend: Any) -> Any:
         return await backend.search(query)
@@ -53,14 +82,36 @@ def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
         print(json.dumps({"total": result.total, "hits": [jsonable(asdict(h))
                                                           for h in result.hits]}, indent=2))
         return EXIT_OK
-    shown = f"{args.offset + 1}-{args.offset + len(result.hits)}" if result.hits else "none"
-    print(f"{result.total} match(es), showing {shown}")
-    for hit in result.hits:
-        when = hit.sent_at.strftime("%Y-%m-%d") if hit.sent_at else "----------"
-        print(f"{hit.archive_id:>10}  {when}  {hit.sender[:40]:<40}  {hit.subject[:80]}")
-        snippet = hit.snippet.replace("<mark>", "[").replace("</mark>", "]")
-        print(f"{'':>12}{html.unescape(snippet)[:160]}")
+    width = max(40, min(shutil.get_terminal_size().columns, 120))
+    print("\n".join(format_hits(result, args.offset, width)))
     return EXIT_OK
+
+
+def format_hits(result: Any, offset: int, width: int) -> list[str]:
+    """A search result for a terminal ``width`` columns wide: one block per
+    hit, one field per line, long text wrapped at spaces and never cut (an
+    address stays whole); newlines inside a field become spaces."""
+    shown = f"{offset + 1}-{offset + len(result.hits)}" if result.hits else "none"
+    lines = [f"{result.total} match(es), showing {shown}"]
+    indent = " " * 6
+
+    def wrap(label: str, text: str) -> list[str]:
+        flat = " ".join(text.split())  # raw newlines and tabs would break the block
+        return textwrap.wrap(flat, width, initial_indent=indent + f"{label:<8}",
+                             subsequent_indent=indent + " " * 8, break_long_words=False,
+                             break_on_hyphens=False) or [indent + label]
+
+    for number, hit in enumerate(result.hits, start=offset + 1):
+        when = hit.sent_at.strftime("%Y-%m-%d %H:%M") if hit.sent_at else "(no date)"
+        lines.append("")
+        subject = " ".join((hit.subject or "(no subject)").split())
+        lines.extend(textwrap.wrap(subject, width, initial_indent=f"{number:>4}. ",
+                                   subsequent_indent=indent, break_long_words=False))
+        lines.extend(wrap("from", hit.sender))
+        lines.append(f"{indent}{'date':<8}{when}   archive id {hit.archive_id}")
+        snippet = hit.snippet.replace("<mark>", "[").replace("</mark>", "]")
+        lines.extend(wrap("text", html.unescape(snippet)))
+    return lines
 
 
 def cmd_reindex(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -90,7 +141,7 @@ def cmd_verify_index(args: argparse.Namespace, settings: Settings, url: str) -> 
         consistent &= report.consistent
         print(f"{report.tenant_slug}: {report.archived} archived, {report.indexed} indexed, "
               f"{len(report.missing)} missing, {len(report.extra)} extra"
-              + ("" if report.consistent else "  <- run: nexarch-events reindex --tenant "
+              + ("" if report.consistent else f"  <- run: {command_name()} reindex --tenant "
                  + report.tenant_slug))
         for label, ids in (("missing", report.missing), ("extra", report.extra)):
             if ids:
@@ -103,7 +154,7 @@ def register(sub: Subparsers) -> None:
     archive = sub.add_parser("archive", help="archive .eml files for a tenant (and index them)")
     archive.add_argument("--tenant", required=True)
     archive.add_argument("files", nargs="+")
-    archive.set_defaults(fn=cmd_archive)
+    archive.set_defaults(fn=cmd_archive, check=check_archive)
 
     search = sub.add_parser("search", help="search a tenant's mail")
     search.add_argument("--tenant", required=True)
@@ -115,7 +166,7 @@ def register(sub: Subparsers) -> None:
     search.add_argument("--limit", type=int, default=20)
     search.add_argument("--offset", type=int, default=0)
     search.add_argument("--json", action="store_true", help="machine-readable output")
-    search.set_defaults(fn=cmd_search)
+    search.set_defaults(fn=cmd_search, check=search_query)
 
     reindex = sub.add_parser("reindex", help="rebuild a tenant's index from the archive")
     reindex.add_argument("--tenant", required=True)

@@ -6,11 +6,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import socket
+import sys
+from dataclasses import replace
 
 from ..aio import Database
 from ..aio import run as aio_run
 from ..settings import Settings
-from .common import EXIT_OK, Subparsers
+from .common import EXIT_OK, Subparsers, command_name
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -60,12 +63,39 @@ def cmd_config_check(args: argparse.Namespace, settings: Settings, url: str) -> 
 def cmd_demo(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from ..demo import run_demo
 
+    api = settings.api
+    if args.port is not None:
+        settings = replace(settings, api=replace(api, port=args.port))
+    elif api.enabled and api.port and not port_is_free(api.host, api.port):
+        # A demo should just run: another program (or another demo) has the
+        # configured port, so take any free one; the status page line shows it.
+        print(f"port {api.port} on {api.host} is taken: the status page uses a free port "
+              "instead (choose one with --port)", file=sys.stderr)
+        settings = replace(settings, api=replace(api, port=0))
     if not args.verbose:
         # The demo's own lines tell the story; the service's info lines
         # (stderr) would bury them. Warnings still show.
         logging.getLogger("nexarch_events").setLevel(
             max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
-    return run_demo(url, settings, duration=args.duration, rate=args.rate)
+    return run_demo(url, settings, duration=args.duration, rate=args.rate,
+                    command=command_name())
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a listening socket could bind ``host:port`` now (a hint: it
+    can be taken a moment later; serve_api then reports it as exit 2)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError:
+        return True  # let the server report the bad address
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as hypercorn binds
+        try:
+            sock.bind(address)
+        except OSError:
+            return False
+    return True
 
 
 def register(sub: Subparsers) -> None:
@@ -101,6 +131,9 @@ def register(sub: Subparsers) -> None:
                       help="seconds of new mail (default 30); Ctrl-C ends it earlier")
     demo.add_argument("--rate", type=float, default=2.0,
                       help="new messages per second (default 2)")
+    demo.add_argument("--port", type=int, metavar="PORT",
+                      help="the status page's port (default: NEXARCH_API_PORT, 8080, or any "
+                           "free port when that is taken; 0: any free port)")
     demo.add_argument("--verbose", action="store_true",
                       help="also show the service's info log lines (stderr)")
     demo.set_defaults(fn=cmd_demo, workers=None, batch_size=None)

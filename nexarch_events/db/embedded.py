@@ -18,6 +18,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import warnings
 from pathlib import Path
 
 from ..errors import ConfigurationError
@@ -27,7 +28,12 @@ _SYSTEM_USER = "pgserver"
 
 def _bin_dir() -> Path:
     try:
-        from pgserver._commands import POSTGRES_BIN_PATH
+        with warnings.catch_warnings():
+            # Importing pgserver asks platformdirs for a runtime folder it
+            # never uses here; without XDG_RUNTIME_DIR (cron, containers,
+            # ssh without a session) that warned on every command.
+            warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
+            from pgserver._commands import POSTGRES_BIN_PATH
     except ImportError:  # pragma: no cover - pgserver is a dependency
         pass
     else:

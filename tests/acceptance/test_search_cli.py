@@ -18,6 +18,9 @@ def test_archive_reindex_search_verify(database_url: str, tmp_path: Path) -> Non
     archived = cli("archive", "--tenant", "acme", *files, url=database_url)
     assert archived.returncode == 0, archived.stderr
     assert archived.stdout.count("\tarchived\t") == 5
+    # It says what makes the mail searchable (the workers index it).
+    assert "5 message(s) queued for indexing" in archived.stderr
+    assert "run` or `" in archived.stderr and "worker` is running" in archived.stderr
     again = cli("archive", "--tenant", "acme", files[0], url=database_url)
     assert "already archived" in again.stdout
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,10 @@ def test_missing_file_and_env_pointer(tmp_path: Path) -> None:
 def test_mask_url() -> None:
     assert mask_url("postgresql://u:p%40ss@h:5/d") == "postgresql://u:***@h:5/d"
     assert mask_url("postgresql://h/d") == "postgresql://h/d"
+    assert mask_url("postgresql://u@h/d?password=hunter2&sslmode=require") == \
+        "postgresql://u@h/d?password=***&sslmode=require"
+    assert mask_url("postgresql://u:a@h/d?sslpassword=b&PASSWORD=c") == \
+        "postgresql://u:***@h/d?sslpassword=***&PASSWORD=***"
 
 
 def test_config_check_command(tmp_path: Path) -> None:
@@ -95,3 +100,28 @@ def test_config_check_command(tmp_path: Path) -> None:
                           "check"], env={**env, "NEXARCH_POOL_SIZE": "x"},
                          capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "NEXARCH_POOL_SIZE='x' is not a whole number" in bad.stderr
+
+
+def test_secrets_readable_by_every_user_are_warned_of(tmp_path: Path) -> None:
+    """Like ssh with a key file: the command still runs, and says what to fix."""
+    key = tmp_path / "secret.key"
+    key.write_text("k" * 44)
+    inline = write(tmp_path, '[[api.tokens]]\nname = "ops"\ntoken = "0123456789abcdef-token"\n')
+    env = {"PATH": "/usr/bin:/bin", "NEXARCH_SECRET_KEY_FILE": str(key)}
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "nexarch_events", "--config", inline,
+                               "config", "check"], env=env, capture_output=True, text=True,
+                              check=False)
+
+    os.chmod(key, 0o644)
+    os.chmod(inline, 0o644)
+    loose = check()
+    assert loose.returncode == 0, loose.stderr
+    assert f"{key} holds a secret (NEXARCH_SECRET_KEY_FILE)" in loose.stderr
+    assert f"{inline} holds an API token in clear text" in loose.stderr
+    assert "0123456789abcdef" not in loose.stderr + loose.stdout
+    os.chmod(key, 0o600)
+    os.chmod(inline, 0o640)
+    tight = check()
+    assert tight.returncode == 0 and "holds" not in tight.stderr, tight.stderr

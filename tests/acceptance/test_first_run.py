@@ -1,0 +1,112 @@
+"""A new user's first commands: mistakes in the environment or the
+arguments end with exit 2 and one line saying what to change, never a
+traceback, a warning from a dependency, or a server started for nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.acceptance.test_cli import cli
+
+
+def bare_env(cwd: Path) -> dict[str, str]:
+    """No NEXARCH_* setting and no XDG_RUNTIME_DIR (cron, containers, sudo)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("NEXARCH_") and k != "XDG_RUNTIME_DIR"}
+    env["NEXARCH_DATA_DIR"] = str(cwd / ".nexarch")
+    return env
+
+
+def run_bare(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nexarch_events", *args], cwd=cwd,
+                          env=bare_env(cwd), capture_output=True, text=True, timeout=120,
+                          check=False)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something else listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("args", [
+    ("search", "--tenant", "Bad Tenant", "invoice"),
+    ("search", "--tenant", "acme", "--since", "last tuesday", "invoice"),
+    ("search", "--tenant", "acme", "!! )("),
+    ("archive", "--tenant", "acme", "no-such-file.eml"),
+    ("reindex", "--tenant", "acme-"),
+    ("status", "1", "--tenant", "ACME"),
+])
+def test_bad_arguments_are_refused_before_the_embedded_postgres_starts(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    result = run_bare(tmp_path, *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("nexarch-events: "), result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / ".nexarch").exists(), "a server was started for nothing"
+
+
+def test_the_embedded_server_binaries_load_without_a_runtime_dir_warning(
+        tmp_path: Path) -> None:
+    # -W error: the warning, were it emitted, would fail the import.
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-c",
+         "from nexarch_events.db.embedded import _bin_dir; print(_bin_dir())"],
+        env=bare_env(tmp_path), capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "XDG_RUNTIME_DIR" not in result.stderr
+
+
+def test_a_malformed_database_url_exits_2_without_its_password(tmp_path: Path) -> None:
+    result = cli("stats", url="postgresql://u:pw-s3cret@host:notaport/x")
+    assert result.returncode == 2, result.stderr
+    assert "NEXARCH_DATABASE_URL" in result.stderr and "port" in result.stderr
+    assert "Traceback" not in result.stderr and "pw-s3cret" not in result.stderr
+
+
+def test_run_on_a_busy_port_exits_2_with_one_line(database_url: str, busy_port: int) -> None:
+    result = cli("--log-level", "warning", "run", url=database_url,
+                 env={"NEXARCH_API_PORT": str(busy_port)}, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    [line] = [x for x in result.stderr.splitlines() if x.startswith("nexarch-events: ")]
+    assert f"127.0.0.1:{busy_port}" in line and "NEXARCH_API_PORT" in line
+
+
+def test_the_demo_takes_a_free_port_and_its_closing_hint_works(
+        database_url: str, busy_port: int) -> None:
+    result = cli("demo", "--duration", "2", "--rate", "4", url=database_url,
+                 env={"NEXARCH_API_PORT": str(busy_port)}, timeout=180)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"port {busy_port} on 127.0.0.1 is taken" in result.stderr
+    [page] = re.findall(r"http://127\.0\.0\.1:(\d+)/", result.stdout)
+    assert int(page) not in (0, busy_port)
+    # The hint names a command that works as printed (here: python -m).
+    hint = re.search(r"the mail stays archived: (.+)$", result.stdout, re.MULTILINE)
+    assert hint is not None, result.stdout
+    command = shlex.split(hint[1])
+    assert "search" in command
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
+    found = subprocess.run(command, env={**env, "NEXARCH_DATABASE_URL": database_url},
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert found.returncode == 0, found.stderr
+    assert not found.stdout.startswith("0 match"), found.stdout
+
+
+def test_demo_port_option(database_url: str) -> None:
+    from nexarch_events.cli.app import build_parser
+
+    assert build_parser().parse_args(["demo", "--port", "0"]).port == 0
+    assert build_parser().parse_args(["demo"]).port is None
