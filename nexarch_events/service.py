@@ -31,7 +31,7 @@ from .queue.notify import (
     Subscription,
 )
 from .queue.sweeper import Sweeper
-from .queue.worker import BatchHandler, WorkerPool
+from .queue.worker import BatchHandler, WorkerPool, default_worker_name
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,8 +52,10 @@ class QueueService:
         channels: tuple[str, ...] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL) if listen_job_events \
             else (INDEX_JOBS_CHANNEL,)
         channels += extra_channels
-        self.listener = Listener(db.dsn, settings.queue, channels=channels)
-        self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name)
+        self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name,
+                               command_timeout=settings.command_timeout)
+        self.listener = Listener(db.dsn, settings.queue, channels=channels,
+                                 name=self.pool.name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
         self._cancel = trio.CancelScope()
@@ -116,8 +118,11 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
         channels += (IMPORT_REQUESTS_CHANNEL,)
     if api:
         channels += (MAIL_IMPORTED_CHANNEL,)
+    name = name or default_worker_name()
     async with Database.open(dsn, max_size=settings.pool_size,
-                             command_timeout=settings.command_timeout) as db:
+                             command_timeout=settings.command_timeout,
+                             connect_timeout=min(10.0, settings.command_timeout),
+                             application_name=f"nexarch-events/pool/{name}") as db:
         await migrate(db)
         service = QueueService(db, settings, handlers, name=name, listen_job_events=api,
                                extra_channels=channels)

@@ -24,9 +24,10 @@ from typing import Final, cast
 import trio
 
 from ..aio import ListenConnection
-from ..errors import DatabaseError, DatabaseUnavailable
+from ..errors import DatabaseError, DatabaseTransient
 from ..models import JSONObject
 from ..settings import QueueSettings
+from .outage import Outage
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +115,12 @@ class Listener:
     """
 
     def __init__(self, dsn: str, settings: QueueSettings | None = None, *,
-                 channels: Iterable[str] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL)) -> None:
+                 channels: Iterable[str] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL),
+                 name: str | None = None) -> None:
         self.dsn = dsn
+        #: pg_stat_activity's application_name of the LISTEN connection.
+        self.application_name = f"nexarch-events/listener/{name}" if name \
+            else "nexarch-events/listener"
         self.settings = settings or QueueSettings()
         self.channels = tuple(channels)
         self._subscribers: dict[str, list[Subscription]] = {c: [] for c in self.channels}
@@ -166,15 +171,16 @@ class Listener:
         """Listen forever. Cancellation closes the connection and returns."""
         s = self.settings
         delay = s.reconnect_min
+        outage = Outage("listener", log, first_delay=s.reconnect_min, max_delay=s.reconnect_max)
         started = False
         while True:
             try:
                 conn = await ListenConnection.connect(
-                    self.dsn, connect_timeout=s.listener_ping_timeout * 2)
-            except (DatabaseUnavailable, trio.TooSlowError) as exc:
-                log.warning("listener cannot connect, retrying in %.2fs: %s", delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, s.reconnect_max)
+                    self.dsn, connect_timeout=s.listener_ping_timeout * 2,
+                    command_timeout=s.listener_ping_timeout * 2,
+                    application_name=self.application_name)
+            except (DatabaseTransient, trio.TooSlowError) as exc:
+                await trio.sleep(outage.failed(exc))
                 continue
             lost = trio.Event()
             conn.on_lost(lost.set)
@@ -189,6 +195,7 @@ class Listener:
                 if self.connections > 1:
                     self.reconnects += 1
                 delay = s.reconnect_min
+                outage.ok()
                 log.info("listener connected backend_pid=%s channels=%s",
                          conn.backend_pid, ",".join(self.channels))
                 # Everything committed from here on is notified; whatever came

@@ -14,9 +14,10 @@ import logging
 
 import trio
 
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseTransient
 from ..settings import QueueSettings
 from .jobs import Queue
+from .outage import Outage
 from .worker import WakeUps
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,16 @@ class Sweeper:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
         next_drain = trio.current_time() + s.drain_interval
-        delay = 0.05
+        outage = Outage("sweeper", log, max_delay=s.reconnect_max)
         task_status.started()
         while True:
             self._poked = trio.Event()
             try:
                 wake_at = await self._sweep_once()
-            except DatabaseUnavailable as exc:
-                log.warning("sweeper cannot reach Postgres, retrying in %.2fs: %s", delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, s.reconnect_max)
+            except DatabaseTransient as exc:
+                await trio.sleep(outage.failed(exc))
                 continue
-            delay = 0.05
+            outage.ok()
             now = trio.current_time()
             if now >= next_drain:
                 self.wakeups.wake_all()

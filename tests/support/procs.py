@@ -1,8 +1,9 @@
 """Worker processes (``python -m nexarch_events worker``) for crash tests,
 and small polling helpers over the job table.
 
-Every process gets ``application_name=<its name>`` in its database URL, so a
-test can see its connections in ``pg_stat_activity`` (``wait_listening``).
+Every process names its connections ``nexarch-events/<role>/<its name>``
+(listener, pool, worker), so a test can see them in ``pg_stat_activity``
+(``wait_listening``).
 Its stdout/stderr go to a log file, printed when the test ends (pytest shows
 it for failing tests only); tests never assert on it.
 """
@@ -163,7 +164,8 @@ async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], *,
 async def wait_listening(db: Database, *workers: WorkerProcess) -> None:
     """Block until each worker process has its LISTEN connection up (its
     service is running). Raises if one of them exited meanwhile."""
-    names = [w.name for w in workers]
+    # Each process names its connections nexarch-events/<role>/<name>.
+    names = [f"nexarch-events/listener/{w.name}" for w in workers]
 
     async def ready() -> bool:
         check_alive(*workers)
