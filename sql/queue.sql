@@ -73,28 +73,47 @@ SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: reclaim_stale
 -- $1 stale-after seconds. A lease whose heartbeat is older than that belongs
--- to a dead worker (a live one heartbeats several times per period). The
--- attempt it used counts: a message that kills its worker every time ends
--- 'failed' after max_attempts instead of looping forever.
+-- to a dead worker (a live one heartbeats several times per period).
+-- Guarantee 12: a job that ran alone (its claim, locked_by + locked_at, held
+-- nothing else) is the suspect: its attempt counts, so a message that kills
+-- its worker every time ends 'failed' after max_attempts instead of looping
+-- forever. The jobs of a larger batch are not charged (any one of them may
+-- have been the culprit, or none: the process may have died of something
+-- else); they are marked isolate and run alone from now on (migration 0010).
 WITH stale AS (
-    SELECT id
+    SELECT id, locked_by, locked_at
       FROM mail_index_jobs
      WHERE status = 'processing'
        AND heartbeat_at < now() - $1::float8 * interval '1 second'
        FOR UPDATE SKIP LOCKED
 ),
+claims AS (
+    SELECT id, count(*) OVER (PARTITION BY locked_by, locked_at) AS batch
+      FROM stale
+),
 moved AS (
     UPDATE mail_index_jobs j
-       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-           last_error = format('lease held by %s expired: no heartbeat for %s s, worker presumed dead',
-                               j.locked_by, $1::float8),
+       SET status = CASE WHEN c.batch = 1 AND j.attempts >= j.max_attempts
+                         THEN 'failed' ELSE 'pending' END,
+           finished_at = CASE WHEN c.batch = 1 AND j.attempts >= j.max_attempts THEN now() END,
+           attempts = CASE WHEN c.batch = 1 THEN j.attempts ELSE GREATEST(j.attempts - 1, 0) END,
+           isolate = true,
+           last_error = CASE
+               WHEN c.batch = 1 THEN format(
+                   'suspected of killing its worker: worker %s died (no heartbeat for %s s) '
+                   'while running this job alone (attempt %s of %s)',
+                   j.locked_by, $1::float8, j.attempts, j.max_attempts)
+               ELSE format(
+                   'worker %s died (no heartbeat for %s s) while running a batch of %s jobs; '
+                   'attempt not counted: the job runs alone next to find the culprit',
+                   j.locked_by, $1::float8, c.batch)
+           END,
            available_at = now(),
            lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
            updated_at = now()
-      FROM stale s
-     WHERE j.id = s.id
- RETURNING j.id, j.status, j.tenant_slug
+      FROM claims c
+     WHERE j.id = c.id
+ RETURNING j.id, j.status, j.tenant_slug, c.batch = 1 AS alone
 ),
 wake AS (
     SELECT pg_notify('nexarch_index_jobs', json_build_object(
@@ -114,7 +133,7 @@ finished AS (
                      WHERE status = 'failed') f
              GROUP BY tenant_slug, chunk) g
 )
-SELECT m.id, m.status
+SELECT m.id, m.status, m.alone
   FROM moved m
  WHERE (SELECT count(*) FROM wake) >= 0
    AND (SELECT count(*) FROM finished) >= 0;

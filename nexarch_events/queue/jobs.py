@@ -162,8 +162,15 @@ class Queue:
 
     async def reclaim_stale(self) -> dict[JobId, JobStatus]:
         """Put back jobs whose worker stopped heartbeating; returns their new status."""
+        return {r.id: r.status for r in await self.reclaim_stale_jobs()}
+
+    async def reclaim_stale_jobs(self) -> list[Reclaimed]:
+        """``reclaim_stale`` with, per job, whether it ran alone when its worker
+        died (then it is the suspect and was charged the attempt; the jobs
+        of a larger batch were not, and run alone from now on)."""
         rows = await self.db.fetch(_SQL["reclaim_stale"], float(self.settings.stale_after))
-        return {JobId(row["id"]): JobStatus(row["status"]) for row in rows}
+        return sorted((Reclaimed(JobId(row["id"]), JobStatus(row["status"]), row["alone"])
+                       for row in rows), key=lambda r: r.id)
 
     async def ready_count(self, limit: int) -> int:
         """Jobs ready now, counted up to ``limit``."""
@@ -274,6 +281,16 @@ class Queue:
         refused = tuple(i for i in sent if i not in statuses)
         self.refused_acks += len(refused)
         return AckResult(statuses=statuses, refused=refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    """A job the sweeper took back from a dead worker."""
+
+    id: JobId
+    status: JobStatus
+    #: It ran alone: the suspect, charged the attempt.
+    alone: bool
 
 
 @dataclass(frozen=True, slots=True)

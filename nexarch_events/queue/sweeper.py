@@ -15,6 +15,7 @@ import logging
 import trio
 
 from ..errors import DatabaseTransient
+from ..models import JobStatus
 from ..settings import QueueSettings
 from .jobs import Queue
 from .outage import Outage
@@ -61,11 +62,18 @@ class Sweeper:
     async def _sweep_once(self) -> float:
         """Reclaim, wake for what is due, and return when to look again."""
         s = self.settings
-        reclaimed = await self.queue.reclaim_stale()
+        reclaimed = await self.queue.reclaim_stale_jobs()
         if reclaimed:
             self.reclaimed += len(reclaimed)
-            log.warning("reclaimed %d job(s) from dead workers: %s", len(reclaimed),
-                        sorted(reclaimed))
+            batch = [r.id for r in reclaimed if not r.alone]
+            if batch:
+                log.warning("reclaimed %d job(s) from dead workers' batches (not charged; "
+                            "each runs alone next to find the culprit): %s", len(batch), batch)
+            for r in reclaimed:
+                if r.alone:
+                    log.warning("job %s was running alone when its worker died: suspected of "
+                                "killing it; %s", r.id,
+                                "failed" if r.status == JobStatus.FAILED else "will retry")
         ready = await self.queue.ready_count(self._workers)
         if ready:
             self.due_wakeups += 1

@@ -28,8 +28,13 @@ from nexarch_events.errors import (
     DatabaseUnavailable,
 )
 from nexarch_events.queue.jobs import Queue
-from tests.support.procs import WorkerProcess, WorkerProcesses, check_alive, wait_listening, \
-    wait_statuses
+from tests.support.procs import (
+    WorkerProcess,
+    WorkerProcesses,
+    check_alive,
+    wait_listening,
+    wait_statuses,
+)
 
 #: A pg_notify that wins over pg_catalog's (search_path = public, pg_catalog)
 #: and raises the SQLSTATE in test_fault, for the service's connections only
