@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -12,11 +13,30 @@ from ..settings import Settings
 from .common import EXIT_OK, Subparsers, jsonable, queue_call
 
 
+def read_payload(args: argparse.Namespace) -> str:
+    """The payload's JSON text: ``--payload TEXT``, ``--payload -`` (stdin) or
+    ``--payload-file PATH``. Linux limits one argument to 128 KiB; a file or
+    stdin carries up to the job limit (1 MiB)."""
+    if args.payload_file is not None:
+        if args.payload is not None:
+            raise ConfigurationError("enqueue: give --payload or --payload-file, not both")
+        try:
+            with open(args.payload_file, encoding="utf-8") as handle:
+                return handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"--payload-file {args.payload_file!r} cannot be read: "
+                                     f"{exc}") from None
+    if args.payload == "-":
+        return sys.stdin.read()
+    return "{}" if args.payload is None else str(args.payload)
+
+
 def cmd_enqueue(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    text = read_payload(args)
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(text)
     except ValueError as exc:
-        raise InvalidJobError(f"--payload is not valid JSON: {exc}") from exc
+        raise InvalidJobError(f"the payload is not valid JSON: {exc}") from exc
 
     async def go(queue: Any) -> int:
         if args.job_type == "index":
@@ -67,7 +87,10 @@ def register(sub: Subparsers) -> None:
     enqueue.add_argument("job_type", choices=["index", "delete"])
     enqueue.add_argument("--tenant", required=True)
     enqueue.add_argument("--message-id", required=True)
-    enqueue.add_argument("--payload", default="{}", help="JSON object (index jobs)")
+    enqueue.add_argument("--payload", help="JSON object (index jobs); - reads it from stdin")
+    enqueue.add_argument("--payload-file", metavar="PATH",
+                         help="read the JSON payload from a file (above 128 KiB, the limit "
+                              "of one command-line argument)")
     enqueue.set_defaults(fn=cmd_enqueue)
 
     status = sub.add_parser("status", help="a job's status as JSON")

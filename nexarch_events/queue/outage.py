@@ -59,3 +59,39 @@ class Outage:
                           time.monotonic() - self._since, self._failures)
             self._since = None
             self._failures = 0
+
+
+class RateLimited:
+    """Log lines of one kind, at most ``burst`` per ``period`` seconds. Lines
+    over the limit are counted, not logged; the next line that passes says
+    how many were left out. For per-job lines (retries, failures) that a
+    broken index or a bad import could otherwise turn into a flood."""
+
+    def __init__(self, logger: logging.Logger, level: int, *, burst: int = 20,
+                 period: float = 10.0) -> None:
+        self.log = logger
+        self.level = level
+        self.burst = burst
+        self.period = period
+        self._window_start = -period
+        self._in_window = 0
+        #: lines left out since the last one logged
+        self.suppressed = 0
+
+    def __call__(self, message: str, *args: object, extra: dict[str, object] | None = None,
+                 now: float | None = None) -> bool:
+        """Log the line unless over the limit; True if it was logged."""
+        now = time.monotonic() if now is None else now
+        if now - self._window_start >= self.period:
+            self._window_start = now
+            self._in_window = 0
+        if self._in_window >= self.burst:
+            self.suppressed += 1
+            return False
+        self._in_window += 1
+        if self.suppressed:
+            message += " (%d similar line(s) left out before this one)"
+            args = (*args, self.suppressed)
+            self.suppressed = 0
+        self.log.log(self.level, message, *args, extra=extra)
+        return True

@@ -23,7 +23,7 @@ from ..metrics import Metrics
 from ..models import AckResult, ClaimedJob, Failure, JobId, JobType
 from ..settings import QueueSettings
 from .jobs import Queue
-from .outage import Outage
+from .outage import Outage, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +157,8 @@ class WorkerPool:
         self._settling: set[JobId] = set()
         self._stopping = False
         self._handler_scopes: set[trio.CancelScope] = set()
+        self._log_failed = RateLimited(log, logging.WARNING)
+        self._log_retry = RateLimited(log, logging.INFO)
 
     @property
     def in_flight(self) -> int:
@@ -262,7 +264,7 @@ class WorkerPool:
                     try:
                         result, next_jobs = await queue.ack_and_claim(
                             done, self.settings.batch_size, worker_id)
-                        self._count(result)
+                        self._count(result, done)
                         done = []
                     except (DatabaseTransient, trio.TooSlowError) as exc:
                         log.info("ack on the worker's connection failed, retrying through "
@@ -279,7 +281,27 @@ class WorkerPool:
                 self._settling.discard(job.id)
         return next_jobs
 
-    def _count(self, result: AckResult) -> None:
+    def _count(self, result: AckResult,
+               done: Sequence[tuple[ClaimedJob, Failure | None]] = ()) -> None:
+        for job, failure in done:
+            status = result.statuses.get(job.id)
+            if failure is None or status is None:
+                continue
+            fields: dict[str, object] = {
+                "job_id": job.id, "tenant": job.tenant_slug, "job_type": job.job_type.value,
+                "attempts": job.attempts, "max_attempts": job.max_attempts,
+                "error": failure.error[:500], "job_status": status.value}
+            if status == "failed":
+                self._log_failed("job failed for good job_id=%s tenant=%s type=%s "
+                                 "attempts=%d/%d permanent=%s error=%s", job.id,
+                                 job.tenant_slug, job.job_type.value, job.attempts,
+                                 job.max_attempts, failure.permanent, failure.error[:500],
+                                 extra=fields)
+            else:
+                self._log_retry("job will be retried job_id=%s tenant=%s type=%s "
+                                "attempts=%d/%d error=%s", job.id, job.tenant_slug,
+                                job.job_type.value, job.attempts, job.max_attempts,
+                                failure.error[:500], extra=fields)
         if self.metrics is not None:
             self.metrics.count_ack(result)
         for status in result.statuses.values():
@@ -321,7 +343,7 @@ class WorkerPool:
         while done or unfinished:
             try:
                 if done:
-                    self._count(await queue.ack(done))
+                    self._count(await queue.ack(done), done)
                     done = []
                 if unfinished:
                     released = await queue.release(unfinished)

@@ -299,3 +299,15 @@ async def test_worker_survives_a_read_only_server(
         await finish_after_fault(db, worker, during)
     finally:
         await producer.aclose()
+
+
+@pytest.mark.slow
+async def test_every_connection_of_a_worker_process_is_named_by_its_role(
+        db: Database, procs: WorkerProcesses) -> None:
+    await start_warm(db, procs)
+    names = {row["application_name"] for row in await db.fetch(
+        "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()")}
+    # The test's own pool may hold idle connections besides this one (no name).
+    assert names - {""} == {"nexarch-events/listener/a", "nexarch-events/pool/a",
+                            "nexarch-events/worker/a/0", "nexarch-events/worker/a/1"}
