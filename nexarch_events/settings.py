@@ -38,6 +38,10 @@ class QueueSettings:
     #: Reconnect backoff of the listener: doubles from min to max.
     reconnect_min: float = 0.1
     reconnect_max: float = 5.0
+    #: Retention: the sweeper deletes succeeded / failed jobs this long after
+    #: they finished (0: keep them forever).
+    retain_succeeded: float = 7 * 86400.0
+    retain_failed: float = 30 * 86400.0
 
     def __post_init__(self) -> None:
         _positive_int("queue.workers", self.workers, upper=1024)
@@ -47,6 +51,8 @@ class QueueSettings:
                      "listener_ping_timeout", "reconnect_min", "reconnect_max"):
             _positive_float(f"queue.{name}", getattr(self, name))
         _positive_float("queue.shutdown_grace", self.shutdown_grace, allow_zero=True)
+        _positive_float("queue.retain_succeeded", self.retain_succeeded, allow_zero=True)
+        _positive_float("queue.retain_failed", self.retain_failed, allow_zero=True)
         if self.heartbeat_interval is not None:
             _positive_float("queue.heartbeat_interval", self.heartbeat_interval)
             if self.heartbeat_interval >= self.stale_after:
@@ -55,6 +61,13 @@ class QueueSettings:
                     f"than queue.stale_after ({self.stale_after}), or live workers lose their jobs")
         if self.reconnect_min > self.reconnect_max:
             raise ConfigurationError("queue.reconnect_min must not exceed queue.reconnect_max")
+
+    @property
+    def prune_interval(self) -> float:
+        """How often the sweeper prunes: a quarter of the shorter retention,
+        between 1 s and a minute (a backlog is pruned sooner, batch by batch)."""
+        kept = [r for r in (self.retain_succeeded, self.retain_failed) if r > 0]
+        return min(60.0, max(1.0, min(kept) / 4)) if kept else math.inf
 
     @property
     def effective_heartbeat_interval(self) -> float:

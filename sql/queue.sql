@@ -275,6 +275,54 @@ SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
  ORDER BY j.finished_at, j.id
  LIMIT $3::int;
 
+-- name: prune
+-- Retention: delete up to $3 finished jobs, succeeded ones finished more than
+-- $1 seconds ago and failed ones more than $2 (NULL: keep forever). Oldest
+-- first, by the finished index. Never in anyone's way: claims and acks touch
+-- pending and processing rows only, and SKIP LOCKED passes over a finished
+-- row someone holds (a requeue). A job stays while an older failed job of
+-- the same message is kept: requeueing that one must still see this newer
+-- job, or it would undo it (an index re-run after a later delete).
+WITH doomed AS (
+    SELECT j.id
+      FROM mail_index_jobs j
+     WHERE j.status IN ('succeeded', 'failed')
+       AND j.finished_at < now() - LEAST($1::float8, $2::float8) * interval '1 second'
+       AND j.finished_at < now() - CASE WHEN j.status = 'succeeded' THEN $1::float8
+                                        ELSE $2::float8 END * interval '1 second'
+       AND NOT EXISTS (
+             SELECT 1
+               FROM mail_index_jobs older
+              WHERE older.tenant_slug = j.tenant_slug
+                AND older.message_id = j.message_id
+                AND older.id < j.id
+                AND older.status = 'failed')
+     ORDER BY j.finished_at, j.id
+     LIMIT $3::int
+       FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM mail_index_jobs j
+     USING doomed d
+     WHERE j.id = d.id
+ RETURNING j.id
+),
+-- Data-modifying CTEs run whether or not they are referenced.
+mark AS (
+    UPDATE mail_index_jobs_pruned
+       SET max_id = GREATEST(max_id, (SELECT max(id) FROM gone))
+     WHERE EXISTS (SELECT 1 FROM gone)
+)
+SELECT count(*) AS n FROM gone;
+
+-- name: cursor_pruned
+-- Was job $1 deleted by retention? It is not in the table, and an id at least
+-- that high was pruned (ids that never finished were never pruned, and an
+-- id above every pruned one was never a job that retention removed).
+SELECT NOT EXISTS (SELECT 1 FROM mail_index_jobs WHERE id = $1::bigint)
+       AND $1::bigint > 0
+       AND $1::bigint <= (SELECT max_id FROM mail_index_jobs_pruned) AS pruned;
+
 -- name: ping
 -- Readiness probe of the HTTP API (GET /readyz): one round trip.
 SELECT 1 AS ok;

@@ -82,6 +82,27 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings, url: str) -> int:
     return EXIT_OK
 
 
+def cmd_prune(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    changes = {name: value for name, value in (("retain_succeeded", args.succeeded_older_than),
+                                               ("retain_failed", args.failed_older_than))
+               if value is not None}
+    if changes:
+        settings = settings.with_queue(**changes)
+
+    async def go(queue: Any) -> int:
+        total = 0
+        while True:  # short statements, one batch each: claims never wait
+            deleted = int(await queue.prune(args.batch))
+            total += deleted
+            if deleted < args.batch:
+                return total
+
+    deleted = queue_call(url, settings, go)
+    print(json.dumps({"deleted": deleted, "retain_succeeded": settings.queue.retain_succeeded,
+                      "retain_failed": settings.queue.retain_failed}))
+    return EXIT_OK
+
+
 def register(sub: Subparsers) -> None:
     enqueue = sub.add_parser("enqueue", help="enqueue one job; prints its id")
     enqueue.add_argument("job_type", choices=["index", "delete"])
@@ -106,3 +127,12 @@ def register(sub: Subparsers) -> None:
     requeue.add_argument("--job-type", choices=["index", "delete"])
     requeue.add_argument("--all", action="store_true", help="every failed job")
     requeue.set_defaults(fn=cmd_requeue)
+
+    prune = sub.add_parser("prune", help="delete finished jobs past their retention "
+                                         "(what the sweeper does, now)")
+    prune.add_argument("--succeeded-older-than", type=float, metavar="SECONDS",
+                       help="instead of queue.retain_succeeded (0: keep)")
+    prune.add_argument("--failed-older-than", type=float, metavar="SECONDS",
+                       help="instead of queue.retain_failed (0: keep)")
+    prune.add_argument("--batch", type=int, default=1000, help="rows per statement")
+    prune.set_defaults(fn=cmd_prune)

@@ -182,6 +182,19 @@ class Queue:
         assert row is not None
         return row["next_due"], row["oldest_heartbeat"], row["db_now"]
 
+    async def prune(self, limit: int = 500) -> int:
+        """Delete up to ``limit`` finished jobs past their retention
+        (settings.retain_succeeded / retain_failed); returns how many. One
+        short statement: call it again while it returns ``limit``."""
+        s = self.settings
+        return int(await self.db.fetchval(
+            _SQL["prune"], s.retain_succeeded or None, s.retain_failed or None, limit))
+
+    async def cursor_pruned(self, job_id: int) -> bool:
+        """True if job ``job_id`` was deleted by retention (an event stream
+        resuming after it cannot know what it missed)."""
+        return bool(await self.db.fetchval(_SQL["cursor_pruned"], int(job_id)))
+
     # -- operators -------------------------------------------------------------
 
     async def status(self, job_id: int, *, tenant_slug: str | None = None) -> Job:

@@ -48,3 +48,22 @@ def test_a_payload_of_900_kib_from_a_file_and_from_stdin(database_url: str,
     assert enqueue(database_url, "--payload", "-", stdin="{oops").returncode == 2
     assert enqueue(database_url, "--payload-file", str(tmp_path / "missing")).returncode == 2
     assert enqueue(database_url, "--payload-file", str(path), "--payload", "{}").returncode == 2
+
+
+def test_prune_deletes_finished_jobs_past_their_retention(database_url: str) -> None:
+    async def setup() -> None:
+        async with Database.open(database_url, max_size=1) as db:
+            await db.execute(
+                "INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, status, "
+                "attempts, finished_at) SELECT 'index', 'acme', 'm' || n, 'succeeded', 1, "
+                "now() - n * interval '1 hour' FROM generate_series(1, 30) AS n")
+
+    aio_run(setup)
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
+    environ["NEXARCH_DATABASE_URL"] = database_url
+    result = subprocess.run(
+        [sys.executable, "-m", "nexarch_events", "prune", "--succeeded-older-than", "37800",
+         "--batch", "7"], env=environ, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    # Finished 11 to 30 hours ago: 20 rows, in batches of 7.
+    assert json.loads(result.stdout)["deleted"] == 20
