@@ -53,6 +53,12 @@ class DatabaseRejected(DatabaseError):
     same statement fails again."""
 
 
+class DatabasePoolerError(DatabaseError, ConfigurationError):
+    """The connection goes through a pooler in transaction mode that the
+    configuration does not say (NEXARCH_LISTEN_DATABASE_URL): a configuration
+    error (exit 2), found by the database."""
+
+
 class MigrationError(NexarchError):
     """The schema cannot be brought up to date (e.g. an applied migration changed)."""
 

@@ -44,6 +44,8 @@ class QueueService:
                  handlers: Mapping[str, BatchHandler], *, name: str | None = None,
                  listen_job_events: bool = False,
                  extra_channels: tuple[str, ...] = ()) -> None:
+        # Behind a transaction pooler, LISTEN needs a direct connection.
+        listen_dsn = settings.listen_database_url or db.dsn
         self.settings = settings
         self.queue = Queue(db, settings.queue)
         # Workers need only the wake-up channel; every ack notifies the
@@ -53,8 +55,9 @@ class QueueService:
             else (INDEX_JOBS_CHANNEL,)
         channels += extra_channels
         self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name,
-                               command_timeout=settings.command_timeout)
-        self.listener = Listener(db.dsn, settings.queue, channels=channels,
+                               command_timeout=settings.command_timeout,
+                               statement_cache_size=settings.statement_cache_size)
+        self.listener = Listener(listen_dsn, settings.queue, channels=channels,
                                  name=self.pool.name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
@@ -122,7 +125,8 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
     async with Database.open(dsn, max_size=settings.pool_size,
                              command_timeout=settings.command_timeout,
                              connect_timeout=min(10.0, settings.command_timeout),
-                             application_name=f"nexarch-events/pool/{name}") as db:
+                             application_name=f"nexarch-events/pool/{name}",
+                             statement_cache_size=settings.statement_cache_size) as db:
         await migrate(db)
         service = QueueService(db, settings, handlers, name=name, listen_job_events=api,
                                extra_channels=channels)

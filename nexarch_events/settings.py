@@ -147,6 +147,11 @@ class ApiSettings:
 class Settings:
     #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.db.embedded).
     database_url: str | None = None
+    #: A direct connection for the LISTEN connection, when database_url goes
+    #: through a transaction pooler (PgBouncer pool_mode=transaction), where
+    #: LISTEN cannot work. Setting it also turns asyncpg's prepared-statement
+    #: cache off on every other connection (the pooler cannot keep them).
+    listen_database_url: str | None = field(default=None, repr=False)
     data_dir: str = ".nexarch"
     pool_size: int = 10
     #: Longest any single statement may take before the connection is
@@ -168,6 +173,14 @@ class Settings:
 
     def __post_init__(self) -> None:
         _positive_int("pool_size", self.pool_size, upper=1000)
+        if self.listen_database_url is not None:
+            if not self.listen_database_url.startswith(("postgres://", "postgresql://")):
+                raise ConfigurationError("listen_database_url (NEXARCH_LISTEN_DATABASE_URL) must "
+                                         "start with postgresql://")
+            if self.database_url is None:
+                raise ConfigurationError("listen_database_url (NEXARCH_LISTEN_DATABASE_URL) "
+                                         "needs database_url: it is for running behind a "
+                                         "pooler, the embedded Postgres has none")
         if self.log_format not in ("kv", "json"):
             raise ConfigurationError(f"log_format must be 'kv' or 'json', got "
                                      f"{self.log_format!r} (NEXARCH_LOG_FORMAT)")
@@ -226,6 +239,8 @@ class Settings:
         if env.get("NEXARCH_SECRET_KEY_FILE"):
             top["secret_key"] = _read_secret("NEXARCH_SECRET_KEY_FILE",
                                              env["NEXARCH_SECRET_KEY_FILE"])
+        if env.get("NEXARCH_LISTEN_DATABASE_URL"):
+            top["listen_database_url"] = env["NEXARCH_LISTEN_DATABASE_URL"]
         if env.get("NEXARCH_DATA_DIR"):
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
         if env.get("NEXARCH_LOG_FORMAT"):
@@ -263,8 +278,15 @@ class Settings:
         return frozenset(queue | {"NEXARCH_SECRET_KEY_FILE", "NEXARCH_CONFIG",
             "NEXARCH_LOG_FORMAT", "NEXARCH_API_HOST", "NEXARCH_API_PORT", "NEXARCH_API_ENABLED",
             "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
+            "NEXARCH_LISTEN_DATABASE_URL",
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
             "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL"})
+
+    @property
+    def statement_cache_size(self) -> int:
+        """asyncpg's per-connection prepared-statement cache: off behind a
+        transaction pooler (listen_database_url set), else asyncpg's default."""
+        return 0 if self.listen_database_url is not None else 100
 
     def with_queue(self, **changes: object) -> Settings:
         return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]

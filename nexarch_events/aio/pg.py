@@ -22,7 +22,13 @@ import asyncpg
 import trio
 import trio_asyncio  # type: ignore[import-untyped]
 
-from ..errors import DatabaseError, DatabaseRejected, DatabaseTransient, DatabaseUnavailable
+from ..errors import (
+    DatabaseError,
+    DatabasePoolerError,
+    DatabaseRejected,
+    DatabaseTransient,
+    DatabaseUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +123,14 @@ def translate(exc: BaseException) -> DatabaseError | None:
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", None) or ""
         message = f"{type(exc).__name__} (SQLSTATE {state or 'none'}): {exc}"
+        if state == "26000" and "__asyncpg_stmt_" in str(exc):
+            # Our cached prepared statement is gone from the server session:
+            # a pooler in transaction mode hands each transaction another one.
+            return DatabasePoolerError(
+                "the database URL goes through a pooler in transaction mode (PgBouncer?): "
+                "set NEXARCH_LISTEN_DATABASE_URL to a direct connection for LISTEN, which "
+                f"also turns prepared-statement caching off ({message.split(':')[0]})",
+                sqlstate=state)
         return error_class(state)(message, sqlstate=state or None,
                                   constraint=getattr(exc, "constraint_name", None))
     if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
@@ -179,14 +193,17 @@ class Connection(Executor):
     @classmethod
     async def open(cls, dsn: str, *, connect_timeout: float = 10.0,
                    command_timeout: float | None = 60.0,
-                   application_name: str | None = None) -> Connection:
+                   application_name: str | None = None,
+                   statement_cache_size: int = 100) -> Connection:
         """A dedicated connection, e.g. one per worker task: no pool
         acquire/release on its hot path. ``command_timeout`` bounds every
         statement on it (a half-open socket raises DatabaseUnavailable);
-        ``application_name`` names it in pg_stat_activity."""
+        ``application_name`` names it in pg_stat_activity;
+        ``statement_cache_size=0`` behind a transaction pooler."""
         with trio.fail_after(connect_timeout + 1):
             conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
                               command_timeout=command_timeout,
+                              statement_cache_size=statement_cache_size,
                               server_settings=_server_settings(application_name))
         return cls(conn)
 
@@ -248,7 +265,8 @@ class Database(Executor):
     async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10,
                    connect_timeout: float = 10.0,
                    command_timeout: float | None = 60.0,
-                   application_name: str | None = None) -> AsyncIterator[Database]:
+                   application_name: str | None = None,
+                   statement_cache_size: int = 100) -> AsyncIterator[Database]:
         """Open a pool; blocks until ``min_size`` connections are up.
 
         Connections that break (Postgres restarted, network cut) are replaced
@@ -259,7 +277,7 @@ class Database(Executor):
         """
         pool = await _hop(asyncpg.create_pool, dsn, min_size=min_size, max_size=max_size,
                           timeout=connect_timeout, command_timeout=command_timeout,
-                          reset=_reset_pooled,
+                          reset=_reset_pooled, statement_cache_size=statement_cache_size,
                           server_settings=_server_settings(application_name))
         try:
             yield cls(pool, dsn)

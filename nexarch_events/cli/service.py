@@ -42,7 +42,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
         from ..mail.indexer import Indexer
 
         async with Database.open(url, max_size=2, command_timeout=settings.command_timeout,
-                                 application_name="nexarch-events/indexer") as db, \
+                                 application_name="nexarch-events/indexer",
+                                 statement_cache_size=settings.statement_cache_size) as db, \
                 open_index(settings, db) as backend:
             # `run` serves the HTTP API too (it searches through this backend).
             await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=args.name,

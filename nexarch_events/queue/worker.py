@@ -133,7 +133,7 @@ class WorkerPool:
 
     def __init__(self, queue: Queue, handlers: Mapping[JobType | str, BatchHandler],
                  settings: QueueSettings | None = None, *, name: str | None = None,
-                 command_timeout: float = 60.0) -> None:
+                 command_timeout: float = 60.0, statement_cache_size: int = 100) -> None:
         if not isinstance(queue.db, Database):
             raise ConfigurationError("WorkerPool needs a Queue on a Database (a pool)")
         self.dsn = queue.db.dsn
@@ -147,6 +147,7 @@ class WorkerPool:
         #: Bounds every statement on the workers' own connections, so a
         #: half-open one is noticed (and replaced) within this.
         self.command_timeout = command_timeout
+        self.statement_cache_size = statement_cache_size
         self.wakeups = WakeUps(self.settings.workers)
         self.stats = WorkerStats()
         #: Set by the service to feed /metrics.
@@ -202,7 +203,8 @@ class WorkerPool:
                         conn = await Connection.open(
                             self.dsn, command_timeout=self.command_timeout,
                             connect_timeout=min(10.0, self.command_timeout),
-                            application_name=f"nexarch-events/worker/{worker_id}")
+                            application_name=f"nexarch-events/worker/{worker_id}",
+                            statement_cache_size=self.statement_cache_size)
                         queue = Queue(conn, self.settings)
                     if not jobs:
                         jobs = await queue.claim(self.settings.batch_size, worker_id)

@@ -83,6 +83,8 @@ class WorkerProcesses:
     #: NEXARCH_QUEUE_* settings for every process, e.g. {"stale_after": 2.0}
     queue_settings: Mapping[str, float | int] = field(default_factory=dict)
     started: list[WorkerProcess] = field(default_factory=list)
+    #: further NEXARCH_* variables, e.g. NEXARCH_LISTEN_DATABASE_URL
+    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def env(self, name: str, queue_settings: Mapping[str, float | int]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
@@ -91,6 +93,7 @@ class WorkerProcesses:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         for key, value in {**self.queue_settings, **queue_settings}.items():
             env[f"NEXARCH_QUEUE_{key.upper()}"] = str(value)
         return env
