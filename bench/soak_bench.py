@@ -62,6 +62,7 @@ async def soak(args: argparse.Namespace) -> int:
     enqueue_sql = sqlfiles.queries("queue.sql")["enqueue"]
     name = f"nexarch_soak_{secrets.token_hex(4)}"
     admin = await asyncpg.connect(args.dsn)
+    autovacuum = await admin.fetchval("SHOW autovacuum")
     await admin.execute(f'CREATE DATABASE "{name}"')
     url = db_url(args.dsn, name)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
@@ -93,7 +94,8 @@ async def soak(args: argparse.Namespace) -> int:
         started = time.monotonic()
         window_start, window_done = started, 0
         print(f"soak: {args.jobs} jobs, retention {args.retain:g} s, {args.workers} workers x "
-              f"batch {args.batch}, backlog ~{args.backlog}, window {args.window}")
+              f"batch {args.batch}, backlog ~{args.backlog}, window {args.window}, "
+              f"server autovacuum={autovacuum}{' (embedded server)' if args.embedded else ''}")
         print(f"{'finished':>10} {'t_s':>7} {'jobs/s':>8} {'rows':>8} {'heap_MB':>8} "
               f"{'index_MB':>8} {'total_MB':>8} {'dead':>8}")
         while True:
@@ -160,6 +162,27 @@ async def soak(args: argparse.Namespace) -> int:
         await admin.close()
 
 
+def run_embedded(args: argparse.Namespace) -> int:
+    """The whole run against a throwaway embedded Postgres with its default
+    settings (autovacuum on), for servers whose autovacuum is off."""
+    import shutil
+    import tempfile
+
+    sys.path.insert(0, str(REPO))
+    from nexarch_events.db.embedded import EmbeddedPostgres
+
+    folder = Path(tempfile.mkdtemp(prefix="nexarch-soak-pg-"))
+    folder.chmod(0o711)
+    server = EmbeddedPostgres(folder / "data", durable=False)
+    server.start()
+    try:
+        args.dsn = server.url()
+        return asyncio.run(soak(args))
+    finally:
+        server.stop("immediate")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("NEXARCH_BENCH_DATABASE_URL",
@@ -175,7 +198,11 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=1_000)
     parser.add_argument("--log", default="/tmp/nexarch-soak-worker.log")
     parser.add_argument("--keep-db", action="store_true")
-    return asyncio.run(soak(parser.parse_args()))
+    parser.add_argument("--embedded", action="store_true",
+                        help="run against a throwaway embedded Postgres (autovacuum on, "
+                             "fsync off) instead of --dsn")
+    args = parser.parse_args()
+    return run_embedded(args) if args.embedded else asyncio.run(soak(args))
 
 
 if __name__ == "__main__":

@@ -209,10 +209,12 @@ class WorkerPool:
                     if not jobs:
                         jobs = await queue.claim(self.settings.batch_size, worker_id)
                 except (DatabaseTransient, trio.TooSlowError) as exc:
-                    # A refused statement leaves the session usable; a lost
-                    # or silent connection is replaced.
-                    if conn is not None and not (isinstance(exc, DatabaseTransient)
-                                                 and not isinstance(exc, DatabaseUnavailable)):
+                    # A refused statement (a timeout, a lock, a deadlock) leaves
+                    # the session usable; a lost, silent or read-only one is
+                    # replaced.
+                    usable = isinstance(exc, DatabaseTransient) \
+                        and not isinstance(exc, DatabaseUnavailable)
+                    if conn is not None and not usable:
                         conn.abort()
                         conn = None
                     await trio.sleep(outage.failed(exc))
