@@ -30,6 +30,7 @@ log = logging.getLogger("nexarch_events.config")
 #: Top-level keys of the file and their variables.
 _TOP = {
     "database_url": "NEXARCH_DATABASE_URL", "database_url_file": "NEXARCH_DATABASE_URL_FILE",
+    "listen_database_url": "NEXARCH_LISTEN_DATABASE_URL",
     "data_dir": "NEXARCH_DATA_DIR", "pool_size": "NEXARCH_POOL_SIZE",
     "command_timeout": "NEXARCH_COMMAND_TIMEOUT", "index_backend": "NEXARCH_INDEX_BACKEND",
     "manticore_url": "NEXARCH_MANTICORE_URL", "search_languages": "NEXARCH_SEARCH_LANGUAGES",
@@ -177,6 +178,7 @@ def effective(settings: Settings) -> dict[str, Any]:
     api: ApiSettings = settings.api
     return {
         "database_url": mask_url(settings.database_url) or "(embedded Postgres)",
+        "listen_database_url": mask_url(settings.listen_database_url),
         "data_dir": settings.data_dir, "pool_size": settings.pool_size,
         "command_timeout": settings.command_timeout, "index_backend": settings.index_backend,
         "manticore_url": mask_url(settings.manticore_url),

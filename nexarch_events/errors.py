@@ -34,8 +34,29 @@ class DatabaseError(NexarchError):
         self.constraint = constraint
 
 
-class DatabaseUnavailable(DatabaseError):
-    """The connection broke under us or could not be made (retry later)."""
+class DatabaseTransient(DatabaseError):
+    """Postgres refused the statement for a reason outside our code that goes
+    away by itself: a statement or lock timeout, a deadlock, a serialization
+    failure, a full notification queue, a full disk, a read-only server
+    (failover). Log it once, back off, retry. ``aio/pg.py`` sorts SQLSTATEs
+    into these classes (table in docs/database-errors.md)."""
+
+
+class DatabaseUnavailable(DatabaseTransient):
+    """The connection broke under us or could not be made (retry later, on a
+    new connection)."""
+
+
+class DatabaseRejected(DatabaseError):
+    """Postgres refused the data of one statement (SQLSTATE class 22 or 23:
+    a value out of range, a CHECK): permanent for that item, retrying the
+    same statement fails again."""
+
+
+class DatabasePoolerError(DatabaseError, ConfigurationError):
+    """The connection goes through a pooler in transaction mode that the
+    configuration does not say (NEXARCH_LISTEN_DATABASE_URL): a configuration
+    error (exit 2), found by the database."""
 
 
 class MigrationError(NexarchError):

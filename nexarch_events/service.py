@@ -31,7 +31,7 @@ from .queue.notify import (
     Subscription,
 )
 from .queue.sweeper import Sweeper
-from .queue.worker import BatchHandler, WorkerPool
+from .queue.worker import BatchHandler, WorkerPool, default_worker_name
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class QueueService:
                  handlers: Mapping[str, BatchHandler], *, name: str | None = None,
                  listen_job_events: bool = False,
                  extra_channels: tuple[str, ...] = ()) -> None:
+        # Behind a transaction pooler, LISTEN needs a direct connection.
+        listen_dsn = settings.listen_database_url or db.dsn
         self.settings = settings
         self.queue = Queue(db, settings.queue)
         # Workers need only the wake-up channel; every ack notifies the
@@ -52,8 +54,11 @@ class QueueService:
         channels: tuple[str, ...] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL) if listen_job_events \
             else (INDEX_JOBS_CHANNEL,)
         channels += extra_channels
-        self.listener = Listener(db.dsn, settings.queue, channels=channels)
-        self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name)
+        self.pool = WorkerPool(self.queue, handlers, settings.queue, name=name,
+                               command_timeout=settings.command_timeout,
+                               statement_cache_size=settings.statement_cache_size)
+        self.listener = Listener(listen_dsn, settings.queue, channels=channels,
+                                 name=self.pool.name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
         self._cancel = trio.CancelScope()
@@ -117,8 +122,12 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
         channels += (IMPORT_REQUESTS_CHANNEL,)
     if api:
         channels += (MAIL_IMPORTED_CHANNEL,)
+    name = name or default_worker_name()
     async with Database.open(dsn, max_size=settings.pool_size,
-                             command_timeout=settings.command_timeout) as db:
+                             command_timeout=settings.command_timeout,
+                             connect_timeout=min(10.0, settings.command_timeout),
+                             application_name=f"nexarch-events/pool/{name}",
+                             statement_cache_size=settings.statement_cache_size) as db:
         await migrate(db)
         service = QueueService(db, settings, handlers, name=name, listen_job_events=api,
                                extra_channels=channels)

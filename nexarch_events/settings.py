@@ -43,6 +43,10 @@ class QueueSettings:
     #: Reconnect backoff of the listener: doubles from min to max.
     reconnect_min: float = 0.1
     reconnect_max: float = 5.0
+    #: Retention: the sweeper deletes succeeded / failed jobs this long after
+    #: they finished (0: keep them forever).
+    retain_succeeded: float = 7 * 86400.0
+    retain_failed: float = 30 * 86400.0
 
     def __post_init__(self) -> None:
         _positive_int("queue.workers", self.workers, upper=1024)
@@ -52,6 +56,8 @@ class QueueSettings:
                      "listener_ping_timeout", "reconnect_min", "reconnect_max"):
             _positive_float(f"queue.{name}", getattr(self, name))
         _positive_float("queue.shutdown_grace", self.shutdown_grace, allow_zero=True)
+        _positive_float("queue.retain_succeeded", self.retain_succeeded, allow_zero=True)
+        _positive_float("queue.retain_failed", self.retain_failed, allow_zero=True)
         if self.heartbeat_interval is not None:
             _positive_float("queue.heartbeat_interval", self.heartbeat_interval)
             if self.heartbeat_interval >= self.stale_after:
@@ -60,6 +66,13 @@ class QueueSettings:
                     f"than queue.stale_after ({self.stale_after}), or live workers lose their jobs")
         if self.reconnect_min > self.reconnect_max:
             raise ConfigurationError("queue.reconnect_min must not exceed queue.reconnect_max")
+
+    @property
+    def prune_interval(self) -> float:
+        """How often the sweeper prunes: a quarter of the shorter retention,
+        between 1 s and a minute (a backlog is pruned sooner, batch by batch)."""
+        kept = [r for r in (self.retain_succeeded, self.retain_failed) if r > 0]
+        return min(60.0, max(1.0, min(kept) / 4)) if kept else math.inf
 
     @property
     def effective_heartbeat_interval(self) -> float:
@@ -148,6 +161,11 @@ class ApiSettings:
 class Settings:
     #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.db.embedded).
     database_url: str | None = None
+    #: A direct connection for the LISTEN connection, when database_url goes
+    #: through a transaction pooler (PgBouncer pool_mode=transaction), where
+    #: LISTEN cannot work. Setting it also turns asyncpg's prepared-statement
+    #: cache off on every other connection (the pooler cannot keep them).
+    listen_database_url: str | None = field(default=None, repr=False)
     data_dir: str = ".nexarch"
     pool_size: int = 10
     #: Longest any single statement may take before the connection is
@@ -172,6 +190,14 @@ class Settings:
 
     def __post_init__(self) -> None:
         _positive_int("pool_size", self.pool_size, upper=1000)
+        if self.listen_database_url is not None:
+            if not self.listen_database_url.startswith(("postgres://", "postgresql://")):
+                raise ConfigurationError("listen_database_url (NEXARCH_LISTEN_DATABASE_URL) must "
+                                         "start with postgresql://")
+            if self.database_url is None:
+                raise ConfigurationError("listen_database_url (NEXARCH_LISTEN_DATABASE_URL) "
+                                         "needs database_url: it is for running behind a "
+                                         "pooler, the embedded Postgres has none")
         if self.log_format not in ("kv", "json"):
             raise ConfigurationError(f"log_format must be 'kv' or 'json', got "
                                      f"{self.log_format!r} (NEXARCH_LOG_FORMAT)")
@@ -233,6 +259,8 @@ class Settings:
         if env.get("NEXARCH_SECRET_KEY_FILE"):
             top["secret_key"] = _read_secret("NEXARCH_SECRET_KEY_FILE",
                                              env["NEXARCH_SECRET_KEY_FILE"])
+        if env.get("NEXARCH_LISTEN_DATABASE_URL"):
+            top["listen_database_url"] = env["NEXARCH_LISTEN_DATABASE_URL"]
         if env.get("NEXARCH_DATA_DIR"):
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
         if env.get("NEXARCH_LOG_FORMAT"):
@@ -277,10 +305,17 @@ class Settings:
         return frozenset(queue | {"NEXARCH_SECRET_KEY_FILE", "NEXARCH_CONFIG",
             "NEXARCH_LOG_FORMAT", "NEXARCH_API_HOST", "NEXARCH_API_PORT", "NEXARCH_API_ENABLED",
             "NEXARCH_DATABASE_URL", "NEXARCH_DATABASE_URL_FILE", "NEXARCH_DATA_DIR",
+            "NEXARCH_LISTEN_DATABASE_URL",
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
             "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL",
             "NEXARCH_MANTICORE_TIMEOUT", "NEXARCH_API_MAX_STREAMS",
             "NEXARCH_API_MAX_STREAMS_PER_TOKEN"})
+
+    @property
+    def statement_cache_size(self) -> int:
+        """asyncpg's per-connection prepared-statement cache: off behind a
+        transaction pooler (listen_database_url set), else asyncpg's default."""
+        return 0 if self.listen_database_url is not None else 100
 
     def with_queue(self, **changes: object) -> Settings:
         return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]

@@ -73,28 +73,47 @@ SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: reclaim_stale
 -- $1 stale-after seconds. A lease whose heartbeat is older than that belongs
--- to a dead worker (a live one heartbeats several times per period). The
--- attempt it used counts: a message that kills its worker every time ends
--- 'failed' after max_attempts instead of looping forever.
+-- to a dead worker (a live one heartbeats several times per period).
+-- Guarantee 12: a job that ran alone (its claim, locked_by + locked_at, held
+-- nothing else) is the suspect: its attempt counts, so a message that kills
+-- its worker every time ends 'failed' after max_attempts instead of looping
+-- forever. The jobs of a larger batch are not charged (any one of them may
+-- have been the culprit, or none: the process may have died of something
+-- else); they are marked isolate and run alone from now on (migration 0010).
 WITH stale AS (
-    SELECT id
+    SELECT id, locked_by, locked_at
       FROM mail_index_jobs
      WHERE status = 'processing'
        AND heartbeat_at < now() - $1::float8 * interval '1 second'
        FOR UPDATE SKIP LOCKED
 ),
+claims AS (
+    SELECT id, count(*) OVER (PARTITION BY locked_by, locked_at) AS batch
+      FROM stale
+),
 moved AS (
     UPDATE mail_index_jobs j
-       SET status = CASE WHEN j.attempts >= j.max_attempts THEN 'failed' ELSE 'pending' END,
-           finished_at = CASE WHEN j.attempts >= j.max_attempts THEN now() END,
-           last_error = format('lease held by %s expired: no heartbeat for %s s, worker presumed dead',
-                               j.locked_by, $1::float8),
+       SET status = CASE WHEN c.batch = 1 AND j.attempts >= j.max_attempts
+                         THEN 'failed' ELSE 'pending' END,
+           finished_at = CASE WHEN c.batch = 1 AND j.attempts >= j.max_attempts THEN now() END,
+           attempts = CASE WHEN c.batch = 1 THEN j.attempts ELSE GREATEST(j.attempts - 1, 0) END,
+           isolate = true,
+           last_error = CASE
+               WHEN c.batch = 1 THEN format(
+                   'suspected of killing its worker: worker %s died (no heartbeat for %s s) '
+                   'while running this job alone (attempt %s of %s)',
+                   j.locked_by, $1::float8, j.attempts, j.max_attempts)
+               ELSE format(
+                   'worker %s died (no heartbeat for %s s) while running a batch of %s jobs; '
+                   'attempt not counted: the job runs alone next to find the culprit',
+                   j.locked_by, $1::float8, c.batch)
+           END,
            available_at = now(),
            lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
            updated_at = now()
-      FROM stale s
-     WHERE j.id = s.id
- RETURNING j.id, j.status, j.tenant_slug
+      FROM claims c
+     WHERE j.id = c.id
+ RETURNING j.id, j.status, j.tenant_slug, c.batch = 1 AS alone
 ),
 wake AS (
     SELECT pg_notify('nexarch_index_jobs', json_build_object(
@@ -114,7 +133,7 @@ finished AS (
                      WHERE status = 'failed') f
              GROUP BY tenant_slug, chunk) g
 )
-SELECT m.id, m.status
+SELECT m.id, m.status, m.alone
   FROM moved m
  WHERE (SELECT count(*) FROM wake) >= 0
    AND (SELECT count(*) FROM finished) >= 0;
@@ -255,6 +274,54 @@ SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
        END
  ORDER BY j.finished_at, j.id
  LIMIT $3::int;
+
+-- name: prune
+-- Retention: delete up to $3 finished jobs, succeeded ones finished more than
+-- $1 seconds ago and failed ones more than $2 (NULL: keep forever). Oldest
+-- first, by the finished index. Never in anyone's way: claims and acks touch
+-- pending and processing rows only, and SKIP LOCKED passes over a finished
+-- row someone holds (a requeue). A job stays while an older failed job of
+-- the same message is kept: requeueing that one must still see this newer
+-- job, or it would undo it (an index re-run after a later delete).
+WITH doomed AS (
+    SELECT j.id
+      FROM mail_index_jobs j
+     WHERE j.status IN ('succeeded', 'failed')
+       AND j.finished_at < now() - LEAST($1::float8, $2::float8) * interval '1 second'
+       AND j.finished_at < now() - CASE WHEN j.status = 'succeeded' THEN $1::float8
+                                        ELSE $2::float8 END * interval '1 second'
+       AND NOT EXISTS (
+             SELECT 1
+               FROM mail_index_jobs older
+              WHERE older.tenant_slug = j.tenant_slug
+                AND older.message_id = j.message_id
+                AND older.id < j.id
+                AND older.status = 'failed')
+     ORDER BY j.finished_at, j.id
+     LIMIT $3::int
+       FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM mail_index_jobs j
+     USING doomed d
+     WHERE j.id = d.id
+ RETURNING j.id
+),
+-- Data-modifying CTEs run whether or not they are referenced.
+mark AS (
+    UPDATE mail_index_jobs_pruned
+       SET max_id = GREATEST(max_id, (SELECT max(id) FROM gone))
+     WHERE EXISTS (SELECT 1 FROM gone)
+)
+SELECT count(*) AS n FROM gone;
+
+-- name: cursor_pruned
+-- Was job $1 deleted by retention? It is not in the table, and an id at least
+-- that high was pruned (ids that never finished were never pruned, and an
+-- id above every pruned one was never a job that retention removed).
+SELECT NOT EXISTS (SELECT 1 FROM mail_index_jobs WHERE id = $1::bigint)
+       AND $1::bigint > 0
+       AND $1::bigint <= (SELECT max_id FROM mail_index_jobs_pruned) AS pruned;
 
 -- name: ping
 -- Readiness probe of the HTTP API (GET /readyz): one round trip.

@@ -22,7 +22,13 @@ import asyncpg
 import trio
 import trio_asyncio  # type: ignore[import-untyped]
 
-from ..errors import DatabaseError, DatabaseUnavailable
+from ..errors import (
+    DatabaseError,
+    DatabasePoolerError,
+    DatabaseRejected,
+    DatabaseTransient,
+    DatabaseUnavailable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +38,50 @@ T = TypeVar("T")
 #: A result row: read by column name (``row["id"]``) or position.
 Row = Mapping[str, Any]
 
-# SQLSTATE classes that mean "the server is not there for us right now".
-_UNAVAILABLE_SQLSTATE_PREFIXES = ("08", "57P", "53300")
+#: How each SQLSTATE is handled: the one place where database errors are
+#: sorted (docs/database-errors.md has the same table for operators). Keys
+#: are exact codes or class prefixes; the longest matching key wins; a code
+#: that matches none is a bug in our code or schema (plain DatabaseError:
+#: a worker process stops with exit 70 and the traceback).
+SQLSTATE_KINDS: Mapping[str, type[DatabaseError]] = {
+    # The session is gone or cannot be had: reconnect, with backoff.
+    "08": DatabaseUnavailable,      # connection exception
+    "57P": DatabaseUnavailable,     # admin/crash shutdown, cannot connect now,
+                                    # database dropped, idle session timeout
+    "53300": DatabaseUnavailable,   # too many connections
+    "25P03": DatabaseUnavailable,   # idle-in-transaction timeout (ends the session)
+    "25P04": DatabaseUnavailable,   # transaction timeout (ends the session)
+    "28": DatabaseUnavailable,      # authorization: credentials rotated under us
+    "3D000": DatabaseUnavailable,   # database does not exist (yet, or any more)
+    # The statement failed, the session is fine: back off and retry.
+    "57014": DatabaseTransient,     # query canceled: statement_timeout, pg_cancel_backend
+    "57000": DatabaseTransient,     # operator intervention
+    "55P03": DatabaseTransient,     # lock not available: lock_timeout, NOWAIT
+    "55006": DatabaseTransient,     # object in use
+    "40": DatabaseTransient,        # serialization failure 40001, deadlock 40P01,
+                                    # statement completion unknown 40003
+    "40002": DatabaseRejected,      # ... but a deferred constraint is the data's fault
+    "25006": DatabaseUnavailable,   # read-only transaction: a standby, a failover,
+                                    # default_transaction_read_only: a new session
+                                    # may reach the new primary
+    "53": DatabaseTransient,        # insufficient resources: disk full 53100,
+                                    # out of memory 53200, configuration limit 53400
+    "54000": DatabaseTransient,     # program limit: the NOTIFY queue is full
+    "58": DatabaseTransient,        # system error: I/O error 58030
+    "72000": DatabaseTransient,     # snapshot too old
+    # The data of this statement was refused: permanent for that item.
+    "22": DatabaseRejected,         # data exception
+    "23": DatabaseRejected,         # integrity constraint violation
+}
+
+
+def error_class(sqlstate: str) -> type[DatabaseError]:
+    """Our error class for a SQLSTATE (see SQLSTATE_KINDS)."""
+    for length in range(len(sqlstate), 0, -1):
+        kind = SQLSTATE_KINDS.get(sqlstate[:length])
+        if kind is not None:
+            return kind
+    return DatabaseError
 
 
 def _log_orphan_error(loop: object, context: dict[str, Any]) -> None:
@@ -74,11 +122,17 @@ def translate(exc: BaseException) -> DatabaseError | None:
     """Our error for an asyncpg/OS error, or None if it is not a database error."""
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", None) or ""
-        message = f"{type(exc).__name__}: {exc}"
-        if state.startswith(_UNAVAILABLE_SQLSTATE_PREFIXES):
-            return DatabaseUnavailable(message, sqlstate=state)
-        return DatabaseError(message, sqlstate=state or None,
-                             constraint=getattr(exc, "constraint_name", None))
+        message = f"{type(exc).__name__} (SQLSTATE {state or 'none'}): {exc}"
+        if state == "26000" and "__asyncpg_stmt_" in str(exc):
+            # Our cached prepared statement is gone from the server session:
+            # a pooler in transaction mode hands each transaction another one.
+            return DatabasePoolerError(
+                "the database URL goes through a pooler in transaction mode (PgBouncer?): "
+                "set NEXARCH_LISTEN_DATABASE_URL to a direct connection for LISTEN, which "
+                f"also turns prepared-statement caching off ({message.split(':')[0]})",
+                sqlstate=state)
+        return error_class(state)(message, sqlstate=state or None,
+                                  constraint=getattr(exc, "constraint_name", None))
     if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
         return DatabaseUnavailable(f"connection lost: {exc}")
     if isinstance(exc, asyncpg.InternalClientError):
@@ -110,19 +164,22 @@ class Executor:
     _target: Any
 
     async def fetch(self, query: str, *args: object) -> list[Row]:
-        rows: list[Row] = await _hop(self._target.fetch, query, *args)
+        rows: list[Row] = await self._call(self._target.fetch, query, *args)
         return rows
 
     async def fetchrow(self, query: str, *args: object) -> Row | None:
-        row: Row | None = await _hop(self._target.fetchrow, query, *args)
+        row: Row | None = await self._call(self._target.fetchrow, query, *args)
         return row
 
     async def fetchval(self, query: str, *args: object) -> Any:
-        return await _hop(self._target.fetchval, query, *args)
+        return await self._call(self._target.fetchval, query, *args)
 
     async def execute(self, query: str, *args: object) -> str:
-        status: str = await _hop(self._target.execute, query, *args)
+        status: str = await self._call(self._target.execute, query, *args)
         return status
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: object) -> T:
+        return await _hop(fn, *args)
 
 
 class Connection(Executor):
@@ -135,12 +192,19 @@ class Connection(Executor):
 
     @classmethod
     async def open(cls, dsn: str, *, connect_timeout: float = 10.0,
-                   command_timeout: float | None = 60.0) -> Connection:
+                   command_timeout: float | None = 60.0,
+                   application_name: str | None = None,
+                   statement_cache_size: int = 100) -> Connection:
         """A dedicated connection, e.g. one per worker task: no pool
-        acquire/release on its hot path."""
+        acquire/release on its hot path. ``command_timeout`` bounds every
+        statement on it (a half-open socket raises DatabaseUnavailable);
+        ``application_name`` names it in pg_stat_activity;
+        ``statement_cache_size=0`` behind a transaction pooler."""
         with trio.fail_after(connect_timeout + 1):
             conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
-                              command_timeout=command_timeout)
+                              command_timeout=command_timeout,
+                              statement_cache_size=statement_cache_size,
+                              server_settings=_server_settings(application_name))
         return cls(conn)
 
     async def aclose(self) -> None:
@@ -171,6 +235,14 @@ class Connection(Executor):
         await _hop(tx.commit)
 
 
+def _server_settings(application_name: str | None) -> dict[str, str] | None:
+    # Postgres keeps the first 63 bytes (NAMEDATALEN); asyncpg would pass a
+    # longer one through and the server cuts it mid-character.
+    if application_name is None:
+        return None
+    return {"application_name": application_name.encode()[:63].decode(errors="ignore")}
+
+
 async def _reset_pooled(conn: asyncpg.Connection) -> None:
     # asyncpg's default reset runs "RESET ALL; UNLISTEN *; ..." on every
     # release: a second round trip per call. Pooled connections here keep no
@@ -192,7 +264,9 @@ class Database(Executor):
     @asynccontextmanager
     async def open(cls, dsn: str, *, min_size: int = 1, max_size: int = 10,
                    connect_timeout: float = 10.0,
-                   command_timeout: float | None = 60.0) -> AsyncIterator[Database]:
+                   command_timeout: float | None = 60.0,
+                   application_name: str | None = None,
+                   statement_cache_size: int = 100) -> AsyncIterator[Database]:
         """Open a pool; blocks until ``min_size`` connections are up.
 
         Connections that break (Postgres restarted, network cut) are replaced
@@ -203,7 +277,8 @@ class Database(Executor):
         """
         pool = await _hop(asyncpg.create_pool, dsn, min_size=min_size, max_size=max_size,
                           timeout=connect_timeout, command_timeout=command_timeout,
-                          reset=_reset_pooled)
+                          reset=_reset_pooled, statement_cache_size=statement_cache_size,
+                          server_settings=_server_settings(application_name))
         try:
             yield cls(pool, dsn)
         finally:
@@ -211,6 +286,18 @@ class Database(Executor):
                 await _hop(pool.close)
             if scope.cancelled_caught:
                 pool.terminate()
+
+    async def _call(self, fn: Callable[..., Awaitable[T]], *args: object) -> T:
+        try:
+            return await _hop(fn, *args)
+        except DatabaseUnavailable as exc:
+            if exc.sqlstate is not None:
+                # The server answered, but the session is of no use (a
+                # read-only server after a failover): a broken socket makes
+                # asyncpg drop its connection, this does not. Replace them all
+                # at their next acquire, so the pool finds the new primary.
+                await _hop(self._target.expire_connections)
+            raise
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Connection]:
@@ -236,9 +323,13 @@ class ListenConnection:
         self._conn = conn
 
     @classmethod
-    async def connect(cls, dsn: str, *, connect_timeout: float) -> ListenConnection:
+    async def connect(cls, dsn: str, *, connect_timeout: float,
+                      command_timeout: float | None = None,
+                      application_name: str | None = None) -> ListenConnection:
         with trio.fail_after(connect_timeout + 1):
-            conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout)
+            conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
+                              command_timeout=command_timeout,
+                              server_settings=_server_settings(application_name))
         return cls(conn)
 
     async def listen(self, channel: str, callback: Callable[[str, str], None]) -> None:

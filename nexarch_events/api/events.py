@@ -230,6 +230,17 @@ class EventStream:
 
     async def _replay(self) -> None:
         """What happened after the watermark, from the tables."""
+        if self.resume is not None and await self.queue.cursor_pruned(self._mark.job_id):
+            # Retention deleted the job this stream resumes after: what
+            # finished after it cannot be told apart any more.
+            newest = await self._newest()
+            self._mark = Watermark(max(self._mark.archive_id, newest.archive_id),
+                                   newest.job_id or self._mark.job_id)
+            await self._emit("resync", {
+                "v": 1, "event": "resync", "replayed": True,
+                "reason": "the job this stream resumed after was pruned (queue.retain_*): "
+                          "reload the state (/queue, /mailboxes)"})
+            return
         archived = await archived_after(self.db, self._mark.archive_id, tenant_slug=self.tenant,
                                         limit=MAX_REPLAY + 1)
         finished = await self.queue.finished_after(self._mark.job_id, tenant_slug=self.tenant,

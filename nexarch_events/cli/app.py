@@ -18,6 +18,9 @@ from typing import Any
 
 from ..errors import (
     ConfigurationError,
+    DatabaseError,
+    DatabaseRejected,
+    DatabaseTransient,
     DatabaseUnavailable,
     InvalidJobError,
     JobNotFound,
@@ -121,6 +124,10 @@ def exit_code(exc: BaseException) -> tuple[int, str] | None:
         return EXIT_USAGE, str(exc)
     if isinstance(exc, DatabaseUnavailable):
         return EXIT_UNAVAILABLE, f"database unreachable: {exc}"
+    if isinstance(exc, DatabaseError) and not isinstance(exc, (DatabaseTransient,
+                                                               DatabaseRejected)):
+        # SQL of ours that Postgres cannot run (see aio/pg.py SQLSTATE_KINDS).
+        return None
     if isinstance(exc, (JobNotFound, MigrationError, NexarchError)):
         return EXIT_FAILED, str(exc)
     if isinstance(exc, KeyboardInterrupt):

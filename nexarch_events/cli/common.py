@@ -83,7 +83,9 @@ def with_index(url: str, settings: Settings, fn: Callable[[Any, Any], Any]) -> A
     from ..index.factory import open_index
 
     async def go() -> Any:
-        async with Database.open(url, max_size=4) as db, open_index(settings, db) as backend:
+        async with Database.open(url, max_size=4, command_timeout=settings.command_timeout,
+                                 statement_cache_size=settings.statement_cache_size) as db, \
+                open_index(settings, db) as backend:
             return await fn(db, backend)
 
     return aio_run(go)
@@ -93,7 +95,8 @@ def queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
     from ..queue.jobs import Queue
 
     async def go() -> Any:
-        async with Database.open(url, max_size=1) as db:
+        async with Database.open(url, max_size=1, command_timeout=settings.command_timeout,
+                                 statement_cache_size=settings.statement_cache_size) as db:
             return await fn(Queue(db, settings.queue))
 
     return aio_run(go)

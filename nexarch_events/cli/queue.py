@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -12,11 +13,30 @@ from ..settings import Settings
 from .common import EXIT_OK, Subparsers, jsonable, queue_call
 
 
+def read_payload(args: argparse.Namespace) -> str:
+    """The payload's JSON text: ``--payload TEXT``, ``--payload -`` (stdin) or
+    ``--payload-file PATH``. Linux limits one argument to 128 KiB; a file or
+    stdin carries up to the job limit (1 MiB)."""
+    if args.payload_file is not None:
+        if args.payload is not None:
+            raise ConfigurationError("enqueue: give --payload or --payload-file, not both")
+        try:
+            with open(args.payload_file, encoding="utf-8") as handle:
+                return handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"--payload-file {args.payload_file!r} cannot be read: "
+                                     f"{exc}") from None
+    if args.payload == "-":
+        return sys.stdin.read()
+    return "{}" if args.payload is None else str(args.payload)
+
+
 def cmd_enqueue(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    text = read_payload(args)
     try:
-        payload = json.loads(args.payload)
+        payload = json.loads(text)
     except ValueError as exc:
-        raise InvalidJobError(f"--payload is not valid JSON: {exc}") from exc
+        raise InvalidJobError(f"the payload is not valid JSON: {exc}") from exc
 
     async def go(queue: Any) -> int:
         if args.job_type == "index":
@@ -62,12 +82,36 @@ def cmd_requeue(args: argparse.Namespace, settings: Settings, url: str) -> int:
     return EXIT_OK
 
 
+def cmd_prune(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    changes = {name: value for name, value in (("retain_succeeded", args.succeeded_older_than),
+                                               ("retain_failed", args.failed_older_than))
+               if value is not None}
+    if changes:
+        settings = settings.with_queue(**changes)
+
+    async def go(queue: Any) -> int:
+        total = 0
+        while True:  # short statements, one batch each: claims never wait
+            deleted = int(await queue.prune(args.batch))
+            total += deleted
+            if deleted < args.batch:
+                return total
+
+    deleted = queue_call(url, settings, go)
+    print(json.dumps({"deleted": deleted, "retain_succeeded": settings.queue.retain_succeeded,
+                      "retain_failed": settings.queue.retain_failed}))
+    return EXIT_OK
+
+
 def register(sub: Subparsers) -> None:
     enqueue = sub.add_parser("enqueue", help="enqueue one job; prints its id")
     enqueue.add_argument("job_type", choices=["index", "delete"])
     enqueue.add_argument("--tenant", required=True)
     enqueue.add_argument("--message-id", required=True)
-    enqueue.add_argument("--payload", default="{}", help="JSON object (index jobs)")
+    enqueue.add_argument("--payload", help="JSON object (index jobs); - reads it from stdin")
+    enqueue.add_argument("--payload-file", metavar="PATH",
+                         help="read the JSON payload from a file (above 128 KiB, the limit "
+                              "of one command-line argument)")
     enqueue.set_defaults(fn=cmd_enqueue)
 
     status = sub.add_parser("status", help="a job's status as JSON")
@@ -83,3 +127,12 @@ def register(sub: Subparsers) -> None:
     requeue.add_argument("--job-type", choices=["index", "delete"])
     requeue.add_argument("--all", action="store_true", help="every failed job")
     requeue.set_defaults(fn=cmd_requeue)
+
+    prune = sub.add_parser("prune", help="delete finished jobs past their retention "
+                                         "(what the sweeper does, now)")
+    prune.add_argument("--succeeded-older-than", type=float, metavar="SECONDS",
+                       help="instead of queue.retain_succeeded (0: keep)")
+    prune.add_argument("--failed-older-than", type=float, metavar="SECONDS",
+                       help="instead of queue.retain_failed (0: keep)")
+    prune.add_argument("--batch", type=int, default=1000, help="rows per statement")
+    prune.set_defaults(fn=cmd_prune)

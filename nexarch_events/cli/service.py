@@ -44,7 +44,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
         from ..index.factory import open_index
         from ..mail.indexer import Indexer
 
-        async with Database.open(url, max_size=2) as db, open_index(settings, db) as backend:
+        async with Database.open(url, max_size=2, command_timeout=settings.command_timeout,
+                                 application_name="nexarch-events/indexer",
+                                 statement_cache_size=settings.statement_cache_size) as db, \
+                open_index(settings, db) as backend:
             # `run` serves the HTTP API too (it searches through this backend).
             await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=args.name,
                         importer=importer, backend=backend if importer else None)

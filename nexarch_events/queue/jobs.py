@@ -162,8 +162,15 @@ class Queue:
 
     async def reclaim_stale(self) -> dict[JobId, JobStatus]:
         """Put back jobs whose worker stopped heartbeating; returns their new status."""
+        return {r.id: r.status for r in await self.reclaim_stale_jobs()}
+
+    async def reclaim_stale_jobs(self) -> list[Reclaimed]:
+        """``reclaim_stale`` with, per job, whether it ran alone when its worker
+        died (then it is the suspect and was charged the attempt; the jobs
+        of a larger batch were not, and run alone from now on)."""
         rows = await self.db.fetch(_SQL["reclaim_stale"], float(self.settings.stale_after))
-        return {JobId(row["id"]): JobStatus(row["status"]) for row in rows}
+        return sorted((Reclaimed(JobId(row["id"]), JobStatus(row["status"]), row["alone"])
+                       for row in rows), key=lambda r: r.id)
 
     async def ready_count(self, limit: int) -> int:
         """Jobs ready now, counted up to ``limit``."""
@@ -174,6 +181,19 @@ class Queue:
         row = await self.db.fetchrow(_SQL["schedule"])
         assert row is not None
         return row["next_due"], row["oldest_heartbeat"], row["db_now"]
+
+    async def prune(self, limit: int = 500) -> int:
+        """Delete up to ``limit`` finished jobs past their retention
+        (settings.retain_succeeded / retain_failed); returns how many. One
+        short statement: call it again while it returns ``limit``."""
+        s = self.settings
+        return int(await self.db.fetchval(
+            _SQL["prune"], s.retain_succeeded or None, s.retain_failed or None, limit))
+
+    async def cursor_pruned(self, job_id: int) -> bool:
+        """True if job ``job_id`` was deleted by retention (an event stream
+        resuming after it cannot know what it missed)."""
+        return bool(await self.db.fetchval(_SQL["cursor_pruned"], int(job_id)))
 
     # -- operators -------------------------------------------------------------
 
@@ -274,6 +294,16 @@ class Queue:
         refused = tuple(i for i in sent if i not in statuses)
         self.refused_acks += len(refused)
         return AckResult(statuses=statuses, refused=refused)
+
+
+@dataclass(frozen=True, slots=True)
+class Reclaimed:
+    """A job the sweeper took back from a dead worker."""
+
+    id: JobId
+    status: JobStatus
+    #: It ran alone: the suspect, charged the attempt.
+    alone: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -23,10 +24,11 @@ from typing import Final, cast
 
 import trio
 
-from ..aio import ListenConnection
-from ..errors import DatabaseError, DatabaseUnavailable
+from ..aio import Connection, ListenConnection
+from ..errors import ConfigurationError, DatabaseError, DatabaseTransient, DatabaseUnavailable
 from ..models import JSONObject
 from ..settings import QueueSettings
+from .outage import Outage
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +116,12 @@ class Listener:
     """
 
     def __init__(self, dsn: str, settings: QueueSettings | None = None, *,
-                 channels: Iterable[str] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL)) -> None:
+                 channels: Iterable[str] = (INDEX_JOBS_CHANNEL, JOB_EVENTS_CHANNEL),
+                 name: str | None = None) -> None:
         self.dsn = dsn
+        #: pg_stat_activity's application_name of the LISTEN connection.
+        self.application_name = f"nexarch-events/listener/{name}" if name \
+            else "nexarch-events/listener"
         self.settings = settings or QueueSettings()
         self.channels = tuple(channels)
         self._subscribers: dict[str, list[Subscription]] = {c: [] for c in self.channels}
@@ -166,19 +172,30 @@ class Listener:
         """Listen forever. Cancellation closes the connection and returns."""
         s = self.settings
         delay = s.reconnect_min
+        outage = Outage("listener", log, first_delay=s.reconnect_min, max_delay=s.reconnect_max)
         started = False
         while True:
             try:
                 conn = await ListenConnection.connect(
-                    self.dsn, connect_timeout=s.listener_ping_timeout * 2)
-            except (DatabaseUnavailable, trio.TooSlowError) as exc:
-                log.warning("listener cannot connect, retrying in %.2fs: %s", delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, s.reconnect_max)
+                    self.dsn, connect_timeout=s.listener_ping_timeout * 2,
+                    command_timeout=s.listener_ping_timeout * 2,
+                    application_name=self.application_name)
+            except (DatabaseTransient, trio.TooSlowError) as exc:
+                await trio.sleep(outage.failed(exc))
                 continue
             lost = trio.Event()
             conn.on_lost(lost.set)
             try:
+                if not await self._hears_itself(conn):
+                    message = (
+                        f"the LISTEN connection did not receive its own notification within "
+                        f"{s.listener_ping_timeout:g}s: the database URL seems to go through a "
+                        f"pooler in transaction mode (PgBouncer), where LISTEN cannot work; set "
+                        f"NEXARCH_LISTEN_DATABASE_URL to a direct connection to Postgres")
+                    if not started:
+                        # Never report ready with a listener that hears nothing.
+                        raise ConfigurationError(message)
+                    raise DatabaseUnavailable(message)
                 for channel in self.channels:
                     await conn.listen(channel, self._deliver)
                 self._conn = conn
@@ -189,6 +206,7 @@ class Listener:
                 if self.connections > 1:
                     self.reconnects += 1
                 delay = s.reconnect_min
+                outage.ok()
                 log.info("listener connected backend_pid=%s channels=%s",
                          conn.backend_pid, ",".join(self.channels))
                 # Everything committed from here on is notified; whatever came
@@ -210,6 +228,37 @@ class Listener:
                 conn.abort()
             await trio.sleep(delay)
             delay = min(delay * 2, s.reconnect_max)
+
+    async def _hears_itself(self, conn: ListenConnection) -> bool:
+        """LISTEN on a channel of this connection's own, NOTIFY it from
+        another connection, as the workers' wake-ups come, and wait up to
+        listener_ping_timeout for the notification. Behind a pooler in
+        transaction mode the LISTEN ran on a server connection this client
+        no longer holds, and the notification never comes back to us: that
+        is what this finds out before anyone relies on it. (A NOTIFY on the
+        listening connection itself could pass: the pooler may hand it the
+        same server connection again.)"""
+        s = self.settings
+        token = secrets.token_hex(8)
+        channel = f"nexarch_self_check_{token}"
+        heard = trio.Event()
+
+        def on_check(_channel: str, payload: str) -> None:
+            if payload == token:
+                heard.set()
+
+        await conn.listen(channel, on_check)
+        sender = await Connection.open(
+            self.dsn, connect_timeout=s.listener_ping_timeout * 2,
+            command_timeout=s.listener_ping_timeout * 2, statement_cache_size=0,
+            application_name=f"{self.application_name}/check")
+        try:
+            await sender.execute("SELECT pg_notify($1, $2)", channel, token)
+        finally:
+            await sender.aclose()
+        with trio.move_on_after(s.listener_ping_timeout):
+            await heard.wait()
+        return heard.is_set()
 
     async def _watch(self, conn: ListenConnection, lost: trio.Event) -> None:
         """Return when the connection is dead: closed, reset, or silent."""

@@ -14,9 +14,11 @@ import logging
 
 import trio
 
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseTransient
+from ..models import JobStatus
 from ..settings import QueueSettings
 from .jobs import Queue
+from .outage import Outage
 from .worker import WakeUps
 
 log = logging.getLogger(__name__)
@@ -32,6 +34,7 @@ class Sweeper:
         self._poked = trio.Event()
         self.reclaimed = 0
         self.due_wakeups = 0
+        self.pruned = 0
 
     def poke(self) -> None:
         """Re-read the schedule now (a retry was scheduled, or we reconnected)."""
@@ -40,33 +43,54 @@ class Sweeper:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
         next_drain = trio.current_time() + s.drain_interval
-        delay = 0.05
+        next_prune = trio.current_time()
+        outage = Outage("sweeper", log, max_delay=s.reconnect_max)
         task_status.started()
         while True:
             self._poked = trio.Event()
             try:
                 wake_at = await self._sweep_once()
-            except DatabaseUnavailable as exc:
-                log.warning("sweeper cannot reach Postgres, retrying in %.2fs: %s", delay, exc)
-                await trio.sleep(delay)
-                delay = min(delay * 2, s.reconnect_max)
+                if trio.current_time() >= next_prune:
+                    more = await self.prune_some()
+                    next_prune = trio.current_time() + (1.0 if more else s.prune_interval)
+            except DatabaseTransient as exc:
+                await trio.sleep(outage.failed(exc))
                 continue
-            delay = 0.05
+            outage.ok()
             now = trio.current_time()
             if now >= next_drain:
                 self.wakeups.wake_all()
                 next_drain = now + s.drain_interval
-            with trio.move_on_at(min(wake_at, next_drain)):
+            with trio.move_on_at(min(wake_at, next_drain, next_prune)):
                 await self._poked.wait()
+
+    async def prune_some(self, *, batch: int = 500, batches: int = 20) -> bool:
+        """Delete finished jobs past their retention, ``batch`` rows per
+        statement (each its own short transaction, so nothing waits on a long
+        delete), at most ``batches`` statements; True if more are due."""
+        for _ in range(batches):
+            deleted = await self.queue.prune(batch)
+            self.pruned += deleted
+            if deleted < batch:
+                return False
+            await trio.lowlevel.checkpoint()
+        return True
 
     async def _sweep_once(self) -> float:
         """Reclaim, wake for what is due, and return when to look again."""
         s = self.settings
-        reclaimed = await self.queue.reclaim_stale()
+        reclaimed = await self.queue.reclaim_stale_jobs()
         if reclaimed:
             self.reclaimed += len(reclaimed)
-            log.warning("reclaimed %d job(s) from dead workers: %s", len(reclaimed),
-                        sorted(reclaimed))
+            batch = [r.id for r in reclaimed if not r.alone]
+            if batch:
+                log.warning("reclaimed %d job(s) from dead workers' batches (not charged; "
+                            "each runs alone next to find the culprit): %s", len(batch), batch)
+            for r in reclaimed:
+                if r.alone:
+                    log.warning("job %s was running alone when its worker died: suspected of "
+                                "killing it; %s", r.id,
+                                "failed" if r.status == JobStatus.FAILED else "will retry")
         ready = await self.queue.ready_count(self._workers)
         if ready:
             self.due_wakeups += 1

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import trio
 
 from ..aio import Connection, Database
-from ..errors import ConfigurationError, DatabaseUnavailable, JobFailed
+from ..errors import ConfigurationError, DatabaseTransient, DatabaseUnavailable, JobFailed
 from ..metrics import Metrics
 from ..models import AckResult, ClaimedJob, Failure, JobId, JobType
 from ..settings import QueueSettings
 from .jobs import Queue
+from .outage import Outage, RateLimited
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,8 @@ class WorkerStats:
     refused: int = 0
     released: int = 0
     lost_leases: int = 0
+    #: outcomes that could not be recorded in time (the jobs run again)
+    unrecorded: int = 0
 
 
 def default_worker_name() -> str:
@@ -129,7 +132,8 @@ class WorkerPool:
     """
 
     def __init__(self, queue: Queue, handlers: Mapping[JobType | str, BatchHandler],
-                 settings: QueueSettings | None = None, *, name: str | None = None) -> None:
+                 settings: QueueSettings | None = None, *, name: str | None = None,
+                 command_timeout: float = 60.0, statement_cache_size: int = 100) -> None:
         if not isinstance(queue.db, Database):
             raise ConfigurationError("WorkerPool needs a Queue on a Database (a pool)")
         self.dsn = queue.db.dsn
@@ -140,6 +144,10 @@ class WorkerPool:
         if missing:
             raise ConfigurationError(f"no handler registered for job type(s): {', '.join(missing)}")
         self.name = name or default_worker_name()
+        #: Bounds every statement on the workers' own connections, so a
+        #: half-open one is noticed (and replaced) within this.
+        self.command_timeout = command_timeout
+        self.statement_cache_size = statement_cache_size
         self.wakeups = WakeUps(self.settings.workers)
         self.stats = WorkerStats()
         #: Set by the service to feed /metrics.
@@ -150,6 +158,8 @@ class WorkerPool:
         self._settling: set[JobId] = set()
         self._stopping = False
         self._handler_scopes: set[trio.CancelScope] = set()
+        self._log_failed = RateLimited(log, logging.WARNING)
+        self._log_retry = RateLimited(log, logging.INFO)
 
     @property
     def in_flight(self) -> int:
@@ -182,7 +192,7 @@ class WorkerPool:
         await trio.lowlevel.checkpoint()
 
     async def _work(self, worker_id: str) -> None:
-        delay = 0.05
+        outage = Outage(f"worker {worker_id}", log, max_delay=self.settings.reconnect_max)
         conn: Connection | None = None
         #: claimed and not yet started (the next batch, claimed with an ack)
         jobs: list[ClaimedJob] = []
@@ -190,19 +200,26 @@ class WorkerPool:
             while not self._stopping:
                 try:
                     if conn is None:
-                        conn = await Connection.open(self.dsn)
+                        conn = await Connection.open(
+                            self.dsn, command_timeout=self.command_timeout,
+                            connect_timeout=min(10.0, self.command_timeout),
+                            application_name=f"nexarch-events/worker/{worker_id}",
+                            statement_cache_size=self.statement_cache_size)
                         queue = Queue(conn, self.settings)
                     if not jobs:
                         jobs = await queue.claim(self.settings.batch_size, worker_id)
-                except (DatabaseUnavailable, trio.TooSlowError) as exc:
-                    log.warning("claim failed, retrying in %.2fs: %s", delay, exc)
-                    if conn is not None:
+                except (DatabaseTransient, trio.TooSlowError) as exc:
+                    # A refused statement (a timeout, a lock, a deadlock) leaves
+                    # the session usable; a lost, silent or read-only one is
+                    # replaced.
+                    usable = isinstance(exc, DatabaseTransient) \
+                        and not isinstance(exc, DatabaseUnavailable)
+                    if conn is not None and not usable:
                         conn.abort()
                         conn = None
-                    await trio.sleep(delay)
-                    delay = min(delay * 2, self.settings.reconnect_max)
+                    await trio.sleep(outage.failed(exc))
                     continue
-                delay = 0.05
+                outage.ok()
                 if not jobs:
                     await self.wakeups.wait()
                     continue
@@ -245,23 +262,50 @@ class WorkerPool:
             # Shielded: a cancelled worker still records what it finished and
             # hands back what it did not. Bounded: stale-lease reclaim covers
             # the case where Postgres does not answer in time.
-            with trio.move_on_after(max(self.settings.stale_after, 5.0), shield=True):
+            bound = max(self.settings.stale_after, 5.0)
+            with trio.move_on_after(bound, shield=True) as settle_scope:
                 if finished_normally and not unfinished and not self._stopping:
                     try:
                         result, next_jobs = await queue.ack_and_claim(
                             done, self.settings.batch_size, worker_id)
-                        self._count(result)
+                        self._count(result, done)
                         done = []
-                    except DatabaseUnavailable as exc:
-                        log.warning("ack failed, retrying through the pool: %s", exc)
+                    except (DatabaseTransient, trio.TooSlowError) as exc:
+                        log.info("ack on the worker's connection failed, retrying through "
+                                 "the pool: %s", exc)
                         queue = self.queue
-                await self._settle(done, unfinished, queue)
+                await self._settle(done, unfinished, queue, worker_id)
+            if settle_scope.cancelled_caught:
+                self.stats.unrecorded += len(jobs)
+                log.warning("gave up recording the outcome of %d job(s) after %.0fs without "
+                            "the database: their leases expire and the sweeper re-queues "
+                            "them; jobs %s", len(jobs), bound, sorted(j.id for j in jobs))
             for job in jobs:
                 self._in_flight.pop(job.id, None)
                 self._settling.discard(job.id)
         return next_jobs
 
-    def _count(self, result: AckResult) -> None:
+    def _count(self, result: AckResult,
+               done: Sequence[tuple[ClaimedJob, Failure | None]] = ()) -> None:
+        for job, failure in done:
+            status = result.statuses.get(job.id)
+            if failure is None or status is None:
+                continue
+            fields: dict[str, object] = {
+                "job_id": job.id, "tenant": job.tenant_slug, "job_type": job.job_type.value,
+                "attempts": job.attempts, "max_attempts": job.max_attempts,
+                "error": failure.error[:500], "job_status": status.value}
+            if status == "failed":
+                self._log_failed("job failed for good job_id=%s tenant=%s type=%s "
+                                 "attempts=%d/%d permanent=%s error=%s", job.id,
+                                 job.tenant_slug, job.job_type.value, job.attempts,
+                                 job.max_attempts, failure.permanent, failure.error[:500],
+                                 extra=fields)
+            else:
+                self._log_retry("job will be retried job_id=%s tenant=%s type=%s "
+                                "attempts=%d/%d error=%s", job.id, job.tenant_slug,
+                                job.job_type.value, job.attempts, job.max_attempts,
+                                failure.error[:500], extra=fields)
         if self.metrics is not None:
             self.metrics.count_ack(result)
         for status in result.statuses.values():
@@ -294,27 +338,29 @@ class WorkerPool:
                 outcomes[job.id] = failures.get(job.id)
 
     async def _settle(self, done: list[tuple[ClaimedJob, Failure | None]],
-                      unfinished: list[ClaimedJob], queue: Queue) -> None:
+                      unfinished: list[ClaimedJob], queue: Queue, worker_id: str = "") -> None:
         """Ack and release on the worker's connection; if that broke, through
-        the pool, retrying while Postgres is unreachable (a restart)."""
-        delay = 0.05
+        the pool, retrying while Postgres is unreachable (a restart) or
+        refuses for a while (a lock, a full disk). Unbounded: the caller
+        bounds it."""
+        outage = Outage(f"ack of worker {worker_id or self.name}", log, max_delay=2.0)
         while done or unfinished:
             try:
                 if done:
-                    self._count(await queue.ack(done))
+                    self._count(await queue.ack(done), done)
                     done = []
                 if unfinished:
                     released = await queue.release(unfinished)
                     self.stats.released += len(released)
                     unfinished = []
-            except DatabaseUnavailable as exc:
-                log.warning("ack failed, retrying in %.2fs: %s", delay, exc)
+            except DatabaseTransient as exc:
                 queue = self.queue  # the pool reconnects by itself
-                await trio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                await trio.sleep(outage.failed(exc))
+        outage.ok()
 
     async def _heartbeats(self) -> None:
         interval = self.settings.effective_heartbeat_interval
+        outage = Outage(f"heartbeats of {self.name}", log, max_delay=interval)
         while True:
             await trio.sleep(interval)
             leases = {job_id: job.lease for job_id, job in self._in_flight.items()}
@@ -322,9 +368,10 @@ class WorkerPool:
                 continue
             try:
                 lost = await self.queue.heartbeat(leases)
-            except DatabaseUnavailable as exc:
-                log.warning("heartbeat failed: %s", exc)
+            except DatabaseTransient as exc:
+                outage.failed(exc)
                 continue
+            outage.ok()
             # A job acknowledged while the heartbeat ran is not lost.
             lost = {i for i in lost if i in self._in_flight and i not in self._settling}
             if lost:

@@ -1077,3 +1077,26 @@ async def test_fuzzed_requests_agree_with_the_spec(env: Env, tmp_path: Path) -> 
         assert result.returncode == 0, output[-6000:]
         # Warnings (no test data for /jobs/{id}, /metrics is admin-only) are fine.
         assert re.search(r"([1-9][0-9]*) generated, \1 passed", output), output[-2000:]
+async def test_events_resume_after_a_pruned_job_says_so(env: Env) -> None:
+    """Retention deleted the job a client's Last-Event-ID names: the stream
+    says so (resync) instead of silently guessing what came after it."""
+    async with open_events(env, env.tokens.acme) as events:
+        await events.next()
+        [stored] = await env.import_mail("acme", "inbox", [message("pruned-cursor")])
+        seen = await events.until(lambda e: e.event == "indexed"
+                                  and stored.job_id in e.data["ids"])
+        last_id = seen[-1].id
+        assert last_id is not None and last_id.endswith(f".{stored.job_id}")
+    await env.db.execute("UPDATE mail_index_jobs SET finished_at = now() - interval '8 days' "
+                         "WHERE id = $1", stored.job_id)
+    assert await env.queue.prune() == 1
+    async with open_events(env, env.tokens.acme, last_id=last_id) as events:
+        opened = await events.next()
+        assert (opened.event, opened.data["resumed"]) == ("open", True)
+        resync = await events.next()
+        assert resync.event == "resync" and "pruned" in resync.data["reason"]
+        # Then live as usual.
+        [live] = await env.import_mail("acme", "inbox", [message("after-prune")])
+        rest = await events.until(lambda e: e.event == "indexed"
+                                  and live.job_id in e.data["ids"])
+        assert job_ids(rest) == [live.job_id]

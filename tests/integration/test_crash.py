@@ -19,6 +19,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -368,6 +369,36 @@ async def test_half_open_listener_connection_is_noticed_by_ping(
     # Their notification went into the black hole: they ran only once the
     # listener had noticed and resynced.
     assert min(done[i][0].at for i in during) >= noticed_wall - 0.25
+
+
+async def test_half_open_worker_connections_are_noticed_within_the_command_timeout(
+        db: Database, database_url: str, tmp_path: Path) -> None:
+    """Each worker task claims on a connection of its own. When those go
+    silent, a woken worker's claim must give up after NEXARCH_COMMAND_TIMEOUT
+    (not a hard-coded minute), reconnect and run the jobs."""
+    command_timeout = 2.0
+    settings = replace(in_process_settings(), command_timeout=command_timeout)
+    effects_path = tmp_path / "effects.tsv"
+    proxy = TcpProxy.for_url(database_url)
+    queue = Queue(db, settings.queue)
+    with trio.fail_after(60):
+        async with service_via(proxy, database_url, db, settings, effects_path) as service:
+            workers = await db.fetch(
+                "SELECT pid, client_port FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'nexarch-events/worker/%'")
+            assert len(workers) == settings.queue.workers
+            for row in workers:
+                assert proxy.blackhole(upstream_port=row["client_port"]) == 1
+            during = await enqueue_batch(queue, "during", 10)
+            # The bound: one command timeout, then a reconnect (slack for a busy box).
+            with trio.fail_after(command_timeout + 8):
+                await wait_statuses(db, during)
+            assert service.listener.reconnects == 0
+            now = await db.fetch(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database()"
+                " AND application_name LIKE 'nexarch-events/worker/%'")
+            # New connections; the silent ones are still there on the server.
+            assert {r["pid"] for r in now} - {r["pid"] for r in workers}
 
 
 async def test_listener_survives_a_server_error_that_arrives_before_the_close(

@@ -18,20 +18,22 @@ def plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
     return nodes
 
 
-async def explain_claim(db: Database, limit: int) -> list[dict[str, object]]:
+async def explain_claim(db: Database, limit: int, *, step: int = -1) -> list[dict[str, object]]:
+    """The plan of one RETURN QUERY of the claim: the last (the batch claim)
+    unless ``step`` says otherwise (0: the claim of an isolated job)."""
     row = await db.fetchrow(
         "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
     assert row is not None
     body = row["prosrc"]
-    query = body[body.index("RETURN QUERY") + len("RETURN QUERY"):body.rindex("END;")]
-    query = query.strip().rstrip(";")
+    query = body.split("RETURN QUERY")[1:][step].split(";")[0].strip()
     query = re.sub(r"\bbatch\b", "$1", query)
-    query = re.sub(r"\bworker\b", "$2", query)
+    query = re.sub(r"\bworker\b", "'explain'", query)
     async with db.acquire() as conn, conn.transaction():
         for setting in row["proconfig"] or []:
             name, value = setting.split("=", 1)
             await conn.execute(f"SET LOCAL {name} = {value}")
-        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}", limit, "explain")
+        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}",
+                                  *([limit] if "$1" in query else []))
     return plan_nodes(json.loads(raw)[0]["Plan"])
 
 
@@ -70,6 +72,20 @@ async def test_claim_stays_cheap_on_a_backlog_without_statistics(db: Database) -
         INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)
         SELECT 'index', 'acme', 'm' || n FROM generate_series(1, 20000) AS n""")
     check_plan(await explain_claim(db, 100), 100)
+
+
+async def test_the_probe_for_an_isolated_job_uses_its_own_index(db: Database) -> None:
+    await db.execute("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)
+        SELECT 'index', 'acme', 'm' || n FROM generate_series(1, 20000) AS n""")
+    await db.execute("UPDATE mail_index_jobs SET isolate = true WHERE id % 1000 = 0")
+    nodes = await explain_claim(db, 1, step=0)
+    types = [n["Node Type"] for n in nodes]
+    assert "Seq Scan" not in types and "Sort" not in types, types
+    scan = next(n for n in nodes if n.get("Index Name") == "mail_index_jobs_isolated")
+    assert int(scan["Actual Rows"]) <= 2  # type: ignore[call-overload]
+    claimed = [n for n in nodes if n["Node Type"] == "ModifyTable"]
+    assert claimed and claimed[0]["Actual Rows"] == 1
 
 
 async def test_api_reads_of_finished_jobs_use_the_finished_index(db: Database) -> None:

@@ -216,3 +216,17 @@ async def test_every_job_type_needs_a_handler(queue: Queue) -> None:
 
     with pytest.raises(ConfigurationError, match="delete"):
         WorkerPool(queue, {"index": noop})
+
+
+async def test_final_failures_are_logged_at_warning_and_retries_at_info(
+        running: tuple[QueueService, Recorder], queue: Queue,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="nexarch_events.queue.worker")
+    poison = await queue.enqueue_index("acme", "bad", {"do": "poison"})
+    retried = await queue.enqueue_index("acme", "flaky", {"do": "fail-once"})
+    await wait_status(queue, poison, JobStatus.FAILED)
+    await wait_status(queue, retried, JobStatus.SUCCEEDED)
+    by_job = {(r.job_id, r.levelname, r.job_status, r.attempts, r.tenant)  # type: ignore[attr-defined]
+              for r in caplog.records if hasattr(r, "job_id")}
+    assert by_job == {(poison, "WARNING", "failed", 1, "acme"),
+                      (retried, "INFO", "pending", 1, "acme")}

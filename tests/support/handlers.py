@@ -15,7 +15,9 @@ Payload fields the handler obeys:
 - ``sleep``: seconds to sleep before finishing (a slow job);
 - ``sleep_attempts``: sleep only on attempts up to this number (so a job that
   was slow for a killed worker is quick for the worker that takes it over);
-- ``fail_times``: fail (with a retry) while ``job.attempts`` is at most this.
+- ``fail_times``: fail (with a retry) while ``job.attempts`` is at most this;
+- ``kill``: SIGKILL the handler's own process (a poison job); worker
+  processes only.
 
 Worker processes get the effects file from ``NEXARCH_TEST_EFFECTS`` and load
 ``--handlers tests.support.handlers:HANDLERS``.
@@ -24,6 +26,7 @@ Worker processes get the effects file from ``NEXARCH_TEST_EFFECTS`` and load
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -88,6 +91,8 @@ def make_job_handler(effects_path: str | os.PathLike[str] | None = None) -> JobH
 
     async def handle(job: ClaimedJob) -> None:
         record(path(), "start", job)
+        if job.payload.get("kill") is True:
+            os.kill(os.getpid(), signal.SIGKILL)
         sleep = _number(job.payload.get("sleep"))
         sleep_attempts = _number(job.payload.get("sleep_attempts"))
         if sleep and (sleep_attempts is None or job.attempts <= sleep_attempts):

@@ -1,8 +1,9 @@
 """Worker processes (``python -m nexarch_events worker``) for crash tests,
 and small polling helpers over the job table.
 
-Every process gets ``application_name=<its name>`` in its database URL, so a
-test can see its connections in ``pg_stat_activity`` (``wait_listening``).
+Every process names its connections ``nexarch-events/<role>/<its name>``
+(listener, pool, worker), so a test can see them in ``pg_stat_activity``
+(``wait_listening``).
 Its stdout/stderr go to a log file, printed when the test ends (pytest shows
 it for failing tests only); tests never assert on it.
 """
@@ -82,6 +83,8 @@ class WorkerProcesses:
     #: NEXARCH_QUEUE_* settings for every process, e.g. {"stale_after": 2.0}
     queue_settings: Mapping[str, float | int] = field(default_factory=dict)
     started: list[WorkerProcess] = field(default_factory=list)
+    #: further NEXARCH_* variables, e.g. NEXARCH_LISTEN_DATABASE_URL
+    extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def env(self, name: str, queue_settings: Mapping[str, float | int]) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
@@ -90,6 +93,7 @@ class WorkerProcesses:
         env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         for key, value in {**self.queue_settings, **queue_settings}.items():
             env[f"NEXARCH_QUEUE_{key.upper()}"] = str(value)
         return env
@@ -163,7 +167,8 @@ async def wait_until(predicate: Callable[[], bool | Awaitable[bool]], *,
 async def wait_listening(db: Database, *workers: WorkerProcess) -> None:
     """Block until each worker process has its LISTEN connection up (its
     service is running). Raises if one of them exited meanwhile."""
-    names = [w.name for w in workers]
+    # Each process names its connections nexarch-events/<role>/<name>.
+    names = [f"nexarch-events/listener/{w.name}" for w in workers]
 
     async def ready() -> bool:
         check_alive(*workers)

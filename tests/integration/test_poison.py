@@ -1,0 +1,99 @@
+"""A job that kills its worker fails alone (guarantee 12).
+
+A worker process claims a batch of 100 jobs; one of them SIGKILLs the
+process. Whatever process comes next (the test starts one whenever none is
+alive) must finish the 99 others without charging them an attempt, and end
+the poison job `failed`, with an error that says it is the suspect.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.models import JobStatus, JobType, NewJob
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.settings import QueueSettings
+from tests.support.handlers import read_effects
+from tests.support.procs import WorkerProcess, WorkerProcesses, job_rows
+
+SETTINGS: dict[str, float | int] = {
+    "stale_after": 2.0, "heartbeat_interval": 0.25, "backoff_base": 0.2, "backoff_cap": 3,
+    "drain_interval": 60.0, "shutdown_grace": 2.0, "listener_ping_interval": 1.0,
+    "listener_ping_timeout": 2.0, "reconnect_min": 0.05, "reconnect_max": 0.5,
+}
+MAX_ATTEMPTS = 3
+
+
+@pytest.mark.slow
+async def test_a_job_that_kills_its_worker_fails_alone(
+        db: Database, database_url: str, tmp_path: Path) -> None:
+    poison_at = 37
+    jobs = [NewJob(JobType.INDEX, "acme", f"batch-{n}", {"kill": True} if n == poison_at else {},
+                   max_attempts=MAX_ATTEMPTS) for n in range(100)]
+    ids = [int(i) for i in await Queue(db).enqueue_many(jobs)]
+    poison = ids[poison_at]
+    async with WorkerProcesses(database_url, tmp_path / "effects.tsv", tmp_path,
+                               SETTINGS) as procs:
+        current: WorkerProcess | None = None
+        with trio.fail_after(150):
+            while True:
+                rows = await job_rows(db, ids)
+                if all(r["status"] in ("succeeded", "failed") for r in rows.values()):
+                    break
+                if current is None or current.returncode is not None:
+                    # One worker task claiming up to 100: the first claim
+                    # takes the whole batch, poison included.
+                    current = await procs.start(f"p{len(procs.started)}", workers=1,
+                                                batch_size=100)
+                await trio.sleep(0.2)
+        deaths = sum(1 for p in procs.started if p.returncode is not None)
+
+    rows = await job_rows(db, ids)
+    assert {i: r["status"] for i, r in rows.items() if r["status"] != "succeeded"} == \
+        {poison: "failed"}
+    # Only the culprit was charged: each of the others ran once alone after
+    # the batch died, on its first counted attempt.
+    assert {r["attempts"] for i, r in rows.items() if i != poison} == {1}
+    assert rows[poison]["attempts"] == MAX_ATTEMPTS
+    assert "suspected of killing its worker" in rows[poison]["last_error"]
+    assert "alone" in rows[poison]["last_error"]
+    # The batch's death, then one death per counted attempt of the poison job.
+    assert deaths == 1 + MAX_ATTEMPTS
+    starts = [e for e in read_effects(tmp_path / "effects.tsv") if e.job_id == poison]
+    assert len(starts) == 1 + MAX_ATTEMPTS
+
+
+async def test_a_dead_batch_is_not_charged_and_its_jobs_then_run_alone(db: Database) -> None:
+    """The rule in SQL, without processes: a batch's attempts are refunded,
+    its jobs are claimed one at a time, and a job that dies alone is charged."""
+    queue = Queue(db, QueueSettings(stale_after=0.3, heartbeat_interval=0.1))
+    ids = [int(i) for i in await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"m{n}", {}, max_attempts=2) for n in range(3)])]
+    assert len(await queue.claim(10, "dead")) == 3
+    await trio.sleep(0.5)
+    reclaimed = await queue.reclaim_stale_jobs()
+    assert [(r.id, r.status, r.alone) for r in reclaimed] == \
+        [(i, JobStatus.PENDING, False) for i in ids]
+    assert {r["attempts"] for r in (await job_rows(db, ids)).values()} == {0}
+
+    alone = await queue.claim(10, "next")
+    assert [j.id for j in alone] == ids[:1] and alone[0].attempts == 1
+    await trio.sleep(0.5)
+    assert [(r.id, r.alone) for r in await queue.reclaim_stale_jobs()] == [(ids[0], True)]
+    row = (await job_rows(db, ids[:1]))[ids[0]]
+    assert (row["status"], row["attempts"]) == ("pending", 1)
+    assert "suspected of killing its worker" in row["last_error"]
+
+    # The innocent ones run alone and succeed on their first counted attempt.
+    for expected in ids[1:]:
+        job = await queue.claim(10, "next")
+        assert [j.id for j in job] == [expected]
+        await queue.complete(job)
+    # The suspect dies alone once more: its last attempt, failed.
+    assert [j.id for j in await queue.claim(10, "next")] == ids[:1]
+    await trio.sleep(0.5)
+    assert await queue.reclaim_stale() == {ids[0]: JobStatus.FAILED}

@@ -1,0 +1,43 @@
+"""docs/database-errors.md lists exactly the SQLSTATEs aio/pg.py sorts, each
+with the kind it is sorted into."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nexarch_events.aio.pg import SQLSTATE_KINDS, error_class
+from nexarch_events.errors import (
+    DatabaseError,
+    DatabaseRejected,
+    DatabaseTransient,
+    DatabaseUnavailable,
+)
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "database-errors.md"
+KINDS = {"unavailable": DatabaseUnavailable, "transient": DatabaseTransient,
+         "rejected": DatabaseRejected, "bug": DatabaseError}
+
+
+def documented() -> dict[str, str]:
+    rows = {}
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        match = re.fullmatch(r"\| `([0-9A-Z]+)`(?: \(class\))? \| .* \| (\w+) \|", line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+def test_the_documented_table_is_the_code_table() -> None:
+    assert {code: KINDS[kind] for code, kind in documented().items()} == dict(SQLSTATE_KINDS)
+
+
+def test_the_longest_prefix_wins_and_unknown_codes_are_bugs() -> None:
+    assert error_class("40P01") is DatabaseTransient
+    assert error_class("40002") is DatabaseRejected
+    assert error_class("57P01") is DatabaseUnavailable
+    assert error_class("57014") is DatabaseTransient
+    assert error_class("53300") is DatabaseUnavailable
+    assert error_class("53100") is DatabaseTransient
+    assert error_class("42883") is DatabaseError
+    assert error_class("") is DatabaseError
