@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from ..errors import (
     ImapAuthError,
     ImapCommandError,
     ImapError,
+    ImapThrottled,
     ImapTlsError,
     ImapUnavailable,
 )
@@ -51,6 +53,14 @@ T = TypeVar("T")
 ReplyPart = bytes | bytearray
 
 TLS_MODES = ("implicit", "starttls", "plain")
+
+# RFC 5530 codes (and Gmail's THROTTLED) that mean "not now": the command may
+# succeed when repeated later. Office 365 adds "Suggested Backoff Time: N
+# milliseconds" to the text.
+_THROTTLE_CODE = re.compile(rb"^\[(UNAVAILABLE|THROTTLED|LIMIT|INUSE)\b", re.IGNORECASE)
+_SUGGESTED_WAIT = re.compile(rb"Suggested Backoff Time:\s*(\d{1,9})\s*(milli)?seconds?",
+                             re.IGNORECASE)
+_EXISTS_LINE = re.compile(rb"^(?:\* )?\d+ EXISTS\b", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +165,14 @@ class ImapSession:
         return frozenset(c.upper() for c in self._protocol.capabilities)
 
     @property
+    def exists_seen(self) -> int:
+        """How many ``* n EXISTS`` the server sent on this session so far, in
+        any reply (aioimaplib drops those that arrive during FETCH or SEARCH;
+        they mean new mail arrived while we were busy)."""
+        count: int = self._protocol.exists_seen
+        return count
+
+    @property
     def broken(self) -> str | None:
         """Why this session may not be used any more, or None."""
         return self._broken
@@ -162,25 +180,28 @@ class ImapSession:
     async def examine(self, mailbox_arg: str) -> list[ReplyPart]:
         """EXAMINE (read-only SELECT): fetching never changes flags. Returns the
         untagged lines; raises ImapCommandError on NO/BAD (no such mailbox)."""
-        lines = await self._ok(self._command_sync, "EXAMINE", mailbox_arg)
+        lines = await self._ok(f"EXAMINE {mailbox_arg}", self._command_sync, "EXAMINE",
+                               mailbox_arg)
         self._protocol.state = aioimaplib.SELECTED
         return lines
 
     async def uid_search(self, criteria: str) -> list[ReplyPart]:
         """``UID SEARCH <criteria>``, e.g. ``"UID 5:*"`` or ``"ALL"``; returns
         the untagged data (UIDs, without the SEARCH keyword)."""
-        return await self._ok(self._uid_search, criteria)
+        return await self._ok(f"UID SEARCH {criteria}", self._uid_search, criteria)
 
     async def uid_fetch(self, uid_set: str, items: str, *,
                         limit: float | None = None) -> list[ReplyPart]:
-        return await self._ok(self._fetch, uid_set, items, True, limit=limit)
+        return await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
+                              items, True, limit=limit)
 
     async def fetch(self, seq_set: str, items: str, *,
                     limit: float | None = None) -> list[ReplyPart]:
-        return await self._ok(self._fetch, seq_set, items, False, limit=limit)
+        return await self._ok(f"FETCH {_short(seq_set)} {items}", self._fetch, seq_set, items,
+                              False, limit=limit)
 
     async def noop(self) -> list[ReplyPart]:
-        return await self._ok(self._command_async, "NOOP")
+        return await self._ok("NOOP", self._command_async, "NOOP")
 
     async def idle(self, max_wait: float) -> list[bytes]:
         """IDLE until the server pushes something or ``max_wait`` passes, then
@@ -217,13 +238,23 @@ class ImapSession:
 
     # -- trio side -----------------------------------------------------------
 
-    async def _ok(self, fn: Callable[..., Awaitable[tuple[str, list[ReplyPart]]]],
+    async def _ok(self, what: str, fn: Callable[..., Awaitable[tuple[str, list[ReplyPart]]]],
                   *args: object, limit: float | None = None) -> list[ReplyPart]:
+        """``what`` names the command in errors, as an operator would type it."""
         result, lines = await self._call(fn, *args, limit=limit)
         if result != "OK":
-            raise ImapCommandError(f"{self.endpoint.describe()}: {fn.__name__.strip('_')} "
-                                   f"{' '.join(map(str, args))[:120]} answered {result}: "
-                                   f"{_text(lines)}")
+            message = f"{self.endpoint.describe()}: {what} answered {result}: {_text(lines)}"
+            last = bytes(lines[-1]) if lines else b""
+            code = _THROTTLE_CODE.match(last)
+            if result == "NO" and (code is not None or b"throttl" in last.lower()):
+                suggested = _SUGGESTED_WAIT.search(last)
+                wait = None
+                if suggested is not None:
+                    wait = int(suggested.group(1)) / (1000 if suggested.group(2) else 1)
+                raise ImapThrottled(f"throttled: {message}",
+                                    code=code.group(1).decode().upper() if code else "THROTTLED",
+                                    wait=wait)
+            raise ImapCommandError(message)
         # The last part is the tagged completion's text.
         return lines[:-1]
 
@@ -347,7 +378,7 @@ class ImapSession:
 async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:
     loop = asyncio.get_running_loop()
     lost = asyncio.Event()
-    protocol = aioimaplib.IMAP4ClientProtocol(loop, lambda _exc: lost.set())
+    protocol = _Protocol(loop, lambda _exc: lost.set())
     ctx = _ssl_context(endpoint) if endpoint.tls == "implicit" else None
     try:
         await loop.create_connection(lambda: protocol, endpoint.host, endpoint.port, ssl=ctx,
@@ -370,6 +401,23 @@ async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:
     if not greeted.done() or greeted.cancelled():
         raise ImapUnavailable(f"{endpoint.describe()}: connection closed before the greeting")
     return protocol, lost
+
+
+class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
+    """aioimaplib's framing, counting the EXISTS it would otherwise drop."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.exists_seen = 0
+
+    def _untagged_response(self, line: bytes) -> Any:
+        if _EXISTS_LINE.match(line):
+            self.exists_seen += 1
+        return super()._untagged_response(line)
+
+
+def _short(message_set: str) -> str:
+    return message_set if len(message_set) <= 60 else message_set[:57] + "..."
 
 
 def _translate(endpoint: ImapEndpoint, exc: BaseException) -> ImapError:

@@ -270,3 +270,130 @@ async def test_starttls_is_required_when_configured(db: Database) -> None:
         with trio.fail_after(10), pytest.raises(ImapUnavailable):
             await run_sync(db, cfg, "secret", imap_timeout=3)
     assert (await state(db)).last_error  # the last failure is on the mailbox state
+
+
+# -- issue 10: what providers really do --------------------------------------
+
+
+async def test_a_substitute_or_a_size_mismatch_is_never_archived_as_the_message(
+        db: Database) -> None:
+    """Exchange's "Retrieval using the IMAP4 protocol failed" stub and a body
+    shorter than RFC822.SIZE fail that message (retried); the stub never gets
+    the message's location. A size that disagrees on every attempt is
+    archived on the accept_mismatch_after-th one, marked on its location."""
+    from tests.support.imap_script import substitute_body
+
+    real = message(2, " quokka")
+    short = message(3)
+    msgs = [ScriptedMessage(1, message(1)), ScriptedMessage(2, real),
+            ScriptedMessage(3, short[:-12], size=len(short)), ScriptedMessage(4, message(4))]
+    async with open_scripted_imap(msgs, faults=Faults(substitute_uids={2})) as server, \
+            record_imports(db.dsn) as rec:
+        await sync(db, server)
+        await rec.wait_for_imported(count=2)
+        await rec.wait_for(event="failed", count=2)
+        assert [e.uid for e in rec.select()] == [1, 4]
+        assert (await state(db)).last_synced_uid == 4  # later messages went on
+        assert await locations(db) == [(1, 1), (1, 4)]
+        assert await db.fetchval("SELECT count(*) FROM mail_archive "
+                                 "WHERE position($1 IN raw) > 0", b"Retrieval using") == 0
+        rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+        assert "substitute" in rows[2]["last_error"]
+        assert rows[3]["last_error"].startswith("size mismatch: RFC822.SIZE")
+        # The server hands over message 2 now; message 3 stays short.
+        server.faults.substitute_uids = set()
+        await sync(db, server)
+        await rec.wait_for(event="recovered", uid=2)
+        assert await locations(db) == [(1, 1), (1, 2), (1, 4)]
+        assert await db.fetchval("SELECT count(*) FROM mail_archive "
+                                 "WHERE position($1 IN raw) > 0", b"quokka") == 1
+        rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+        assert list(rows) == [3] and rows[3]["attempts"] == 2
+        # Third attempt, same mismatch: archived, and the location says so.
+        await sync(db, server)
+        await rec.wait_for(event="recovered", uid=3)
+    note = await db.fetchval("SELECT import_note FROM mail_archive_locations WHERE uid = 3")
+    assert note is not None and note.startswith("size mismatch: RFC822.SIZE")
+    assert await StateStore(db).failures(TENANT, NAME) == []
+    raws = [r["raw"] for r in await db.fetch("SELECT raw FROM mail_archive")]
+    assert substitute_body(2) not in raws
+
+
+@pytest.mark.parametrize(("code", "backoff_ms"), [("UNAVAILABLE", 300), ("THROTTLED", None),
+                                                  ("LIMIT", 50), ("INUSE", None)])
+async def test_a_throttled_session_still_imports_everything(
+        db: Database, code: str, backoff_ms: int | None) -> None:
+    """Every session's first UID FETCH is throttled (Office 365, Gmail):
+    the command is repeated in the same session after the suggested wait."""
+    faults = Faults(throttle_command="UID FETCH", throttle_times=1, throttle_code=code,
+                    throttle_backoff_ms=backoff_ms)
+    async with open_scripted_imap(messages(list(range(1, 61))), faults=faults) as server:
+        with trio.fail_after(30):
+            report = await run_sync(db.dsn, config_for(server), "secret", imap_timeout=3,
+                                    limits=ImportLimits(throttle_default_wait=0.1))
+        assert server.throttled == 1 and server.connections == 1
+    assert report.throttled == 1  # type: ignore[attr-defined]
+    st = await state(db)
+    assert (st.last_synced_uid, st.imported_total, st.last_error) == (60, 60, None)
+
+
+async def test_a_server_that_stays_throttled_fails_the_run_clearly(db: Database) -> None:
+    from nexarch_events.errors import ImapThrottled
+
+    faults = Faults(throttle_command="UID FETCH", throttle_times=1000, throttle_backoff_ms=20)
+    async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        with trio.fail_after(30), pytest.raises(ImapThrottled):
+            await run_sync(db.dsn, config_for(server), "secret", imap_timeout=3,
+                           limits=ImportLimits(throttle_retries=3))
+        assert server.throttled == 4  # the first try and three retries
+    error = (await state(db)).last_error or ""
+    assert error.startswith("throttled:") and "UNAVAILABLE" in error
+    assert "UID FETCH 1:2 (UID RFC822.SIZE) answered NO" in error
+    # No Python reprs: no True/False/None, no b'...'.
+    assert not any(token in error for token in (" True", " False", "None", "b'", "b\""))
+
+
+async def test_mail_announced_during_a_sync_is_imported_by_the_same_run(
+        db: Database) -> None:
+    """A message delivered while the run fetches is announced by ``* n
+    EXISTS`` inside a FETCH reply (aioimaplib drops it): another pass."""
+    delivered: list[int] = []
+
+    async with open_scripted_imap(messages([1, 2, 3])) as server:
+        def deliver(line: str) -> None:
+            if line.startswith("UID FETCH") and "BODY" in line and not delivered:
+                delivered.append(server.add_message(message(4)))
+
+        server.faults.on_command = deliver
+        report = await sync(db, server)
+    assert delivered == [4]
+    assert report.passes == 2  # type: ignore[attr-defined]
+    assert (await state(db)).last_synced_uid == 4
+
+
+async def test_no_false_alarms_and_honest_counters(db: Database) -> None:
+    """Unsolicited FLAGS updates without UID are not an anomaly; a resync
+    re-map is not counted as imported; an unstable pass is."""
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(unsolicited_flags=True)) as server:
+        await sync(db, server)
+        st = await state(db)
+        assert (st.warning, st.imported_total) == (None, 3)
+        server.set_messages([*(ScriptedMessage(10 + i, message(i)) for i in (1, 2, 3)),
+                             ScriptedMessage(14, message(4))], uidvalidity=2)
+        await sync(db, server)
+        assert (await state(db)).imported_total == 4  # 3 re-mapped, 1 new
+    await db.execute("DELETE FROM mail_import_state")
+    async with open_scripted_imap(messages([1, 2, 5], tag="u"),
+                                  faults=Faults(uidvalidity=0)) as server:
+        await sync(db, server)
+        await sync(db, server)
+    assert (await state(db)).imported_total == 3
+
+
+async def test_internaldate_is_stored_with_the_location(db: Database) -> None:
+    msgs = [ScriptedMessage(1, message(1), internaldate="17-Jul-1996 02:44:25 -0700")]
+    async with open_scripted_imap(msgs) as server:
+        await sync(db, server)
+    got = await db.fetchval("SELECT internaldate FROM mail_archive_locations WHERE uid = 1")
+    assert got is not None and got.isoformat() == "1996-07-17T09:44:25+00:00"
