@@ -28,7 +28,10 @@ RETURNING interval_seconds;
 
 -- name: begin
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY (NULL: absent or 0), $4 UIDNEXT, $5 EXISTS.
-SELECT * FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint);
+-- Also the persisted fetch window (migration 0020).
+SELECT b.*, (SELECT s.fetch_window FROM mail_import_state s
+              WHERE s.tenant_slug = $1 AND s.mailbox_name = $2) AS fetch_window
+  FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint) b;
 
 -- name: import_message
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID (NULL: not trusted),

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import re
 import ssl
 from collections.abc import Awaitable, Callable
@@ -195,6 +196,46 @@ class ImapSession:
         return await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
                               items, True, limit=limit)
 
+    async def uid_fetch_each(self, uid_set: str, items: str,
+                             on_response: Callable[[list[ReplyPart]], Awaitable[None]], *,
+                             limit: float | None = None) -> None:
+        """``UID FETCH``, handing each FETCH response (its parts, as
+        :meth:`uid_fetch` would return them) to ``on_response`` as soon as it
+        is complete, while the rest of the reply still arrives; responses in
+        server order, one ``on_response`` at a time. A reply cut mid-way
+        (``* BYE``, a reset) has had every response completed before the cut
+        handed over when ImapUnavailable is raised. If ``on_response``
+        raises, the command is abandoned (the session is then broken) and
+        the error propagates. Memory: one response at a time is kept by the
+        framing, plus what ``on_response`` has not consumed yet."""
+        send, receive = trio.open_memory_channel[ReplyPart](math.inf)
+        failed: list[ImapError] = []
+
+        async def command() -> None:
+            try:
+                await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
+                               items, True, send.send_nowait, limit=limit)
+            except ImapError as exc:
+                failed.append(exc)
+            finally:
+                send.close()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(command)
+            group: list[ReplyPart] = []
+            async for part in receive:
+                if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
+                    await on_response(group)  # a response without a closing line
+                    group = []
+                group.append(part)
+                if _complete(group):
+                    await on_response(group)
+                    group = []
+        if failed:
+            raise failed[0]
+        if group:
+            await on_response(group)
+
     async def fetch(self, seq_set: str, items: str, *,
                     limit: float | None = None) -> list[ReplyPart]:
         return await self._ok(f"FETCH {_short(seq_set)} {items}", self._fetch, seq_set, items,
@@ -328,11 +369,14 @@ class ImapSession:
         response = await p.execute(cmd)
         return response.result, list(response.lines)
 
-    async def _fetch(self, message_set: str, items: str,
-                     by_uid: bool) -> tuple[str, list[ReplyPart]]:
+    async def _fetch(self, message_set: str, items: str, by_uid: bool,
+                     sink: Callable[[ReplyPart], None] | None = None
+                     ) -> tuple[str, list[ReplyPart]]:
         p = self._protocol
-        cmd = aioimaplib.FetchCommand(p.new_tag(), message_set, items,
-                                      prefix="UID" if by_uid else None, loop=p.loop)
+        prefix = "UID" if by_uid else None
+        cmd = aioimaplib.FetchCommand(p.new_tag(), message_set, items, prefix=prefix,
+                                      loop=p.loop) if sink is None else \
+            _StreamingFetch(sink, p.new_tag(), message_set, items, prefix=prefix, loop=p.loop)
         response = await p.execute(cmd)
         return response.result, list(response.lines)
 
@@ -414,6 +458,37 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         if _EXISTS_LINE.match(line):
             self.exists_seen += 1
         return super()._untagged_response(line)
+
+
+class _StreamingFetch(aioimaplib.FetchCommand):  # type: ignore[misc]
+    """A FETCH whose reply parts go to ``sink`` as they arrive. Of its own
+    lines it keeps only those since the last FETCH response began (all the
+    framing needs to tell whether a response is complete), so a batch's
+    bodies are never all held at once."""
+
+    def __init__(self, sink: Callable[[ReplyPart], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sink = sink
+
+    def append_to_resp(self, line: ReplyPart, result: str = "Pending") -> None:
+        if result == "Pending":
+            if isinstance(line, bytes) and _FETCH_LINE.match(line):
+                self._resp_lines.clear()
+            self._sink(line if isinstance(line, bytearray) else bytes(line))
+        super().append_to_resp(line, result)
+
+
+_FETCH_LINE = re.compile(rb"^\d+ FETCH \(", re.IGNORECASE)
+
+
+def _complete(group: list[ReplyPart]) -> bool:
+    """Whether the FETCH response in ``group`` has ended: its text (literals
+    left out) closes every parenthesis it opened, and it does not end
+    announcing a literal."""
+    if not group or not isinstance(group[-1], bytes) or group[-1].rstrip().endswith(b"}"):
+        return False
+    text = b"".join(p for p in group if isinstance(p, bytes))
+    return text.count(b"(") <= text.count(b")")
 
 
 def _short(message_set: str) -> str:

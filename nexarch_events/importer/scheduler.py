@@ -25,9 +25,9 @@ must not become a login storm that gets the account locked), and every
 attempt clears the request, whatever its outcome.
 
 IDLE that keeps failing (a server that says BYE on every IDLE) is given up
-after ``IDLE_FAILURES`` failures in a row: the runner syncs at the interval
-instead, records "idle unavailable: ..." on the mailbox state, and tries IDLE
-again after ``IDLE_RETRY_AFTER`` seconds.
+after ``idle_failures`` (default ``IDLE_FAILURES``) failures in a row: the
+runner syncs at the interval instead, records "idle unavailable: ..." on the
+mailbox state, and tries IDLE again after ``IDLE_RETRY_AFTER`` seconds.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ RunObserver = Callable[[MailboxConfig, SyncReport], None]
 _RETRYABLE = (ImapError, DatabaseError, MailboxBusy, ConfigurationError)
 #: IDLE failures in a row (each after a successful sync) before a runner
 #: falls back to its interval ...
-IDLE_FAILURES = 3
+IDLE_FAILURES = 5
 #: ... for this many seconds.
 IDLE_RETRY_AFTER = 3600.0
 _FIRST_BACKOFF = 2.0
@@ -69,8 +69,10 @@ class ImportScheduler:
 
     def __init__(self, db: Database, settings: ImportSettings, *, secret_key: str | None = None,
                  listener: Listener | None = None, limits: ImportLimits | None = None,
-                 on_run: RunObserver | None = None, metrics: Metrics | None = None) -> None:
+                 on_run: RunObserver | None = None, metrics: Metrics | None = None,
+                 idle_failures: int = IDLE_FAILURES) -> None:
         self.db = db
+        self.idle_failures = idle_failures
         self.settings = settings
         self.secret_key = secret_key
         self.listener = listener
@@ -305,12 +307,13 @@ class _Runner:
 
     async def _idle_failed(self, exc: ImapError) -> None:
         self._idle_failures += 1
-        if self._idle_failures < IDLE_FAILURES:
+        failures = self.scheduler.idle_failures
+        if self._idle_failures < failures:
             return
         self._idle_failures = 0
         self._no_idle_until = trio.current_time() + IDLE_RETRY_AFTER
         log.warning("importer: mailbox %s: IDLE failed %d times in a row (%s); syncing at "
-                    "the interval, IDLE again in %.0f s", self.config.describe(), IDLE_FAILURES,
+                    "the interval, IDLE again in %.0f s", self.config.describe(), failures,
                     exc, IDLE_RETRY_AFTER)
         self._idle_status_shown = True
         await self._set_idle_status(f"idle unavailable: {exc}; syncing at the interval")

@@ -78,6 +78,7 @@ class RunStart:
     mode: str
     last_synced_uid: int
     old_uidvalidity: int
+    fetch_window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +136,8 @@ class StateStore:
         row = await self.db.fetchrow(_SQL["begin"], tenant_slug, mailbox_name, uidvalidity,
                                      uidnext, exists)
         assert row is not None
-        return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"])
+        return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"],
+                        row["fetch_window"])
 
     async def import_message(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
                              uid: int | None, mode: str, raw: bytes, *,

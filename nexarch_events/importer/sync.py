@@ -50,14 +50,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ParamSpec, TypeVar
 
 import trio
 
 from ..aio import Connection, Database
-from ..aio.imap import ImapSession
-from ..errors import DatabaseError, ImapError, ImapThrottled, NexarchError
+from ..aio.imap import ImapSession, ReplyPart
+from ..errors import DatabaseError, ImapError, ImapThrottled, ImapUnavailable, NexarchError
 from ..mail.archive import MAX_MESSAGE_BYTES
 from .mailboxes import MailboxConfig
 from .protocol import (
@@ -110,6 +110,9 @@ class ImportLimits:
     throttle_default_wait: float = 5.0
     #: Delta passes per run while the server keeps announcing new mail.
     max_passes: int = 10
+    #: After a cut reply the fetch window (messages per FETCH, at most
+    #: probe_chunk) halves; it doubles again after this many clean replies.
+    window_grow_after: int = 4
 
 
 @dataclass(slots=True)
@@ -168,7 +171,8 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
         report.warn(f"UIDVALIDITY changed from {start.old_uidvalidity} to "
                     f"{status.uidvalidity}: full resync, archived messages re-mapped "
                     "by content hash")
-    run = _Run(store, config, session, limits, report, status.uidvalidity)
+    window = _Window(store, tenant, name, start.fetch_window, limits)
+    run = _Run(store, config, session, limits, report, status.uidvalidity, window)
     await run.retry_failures()
     while True:
         seen = session.exists_seen
@@ -203,11 +207,51 @@ async def patiently(limits: ImportLimits, report: SyncReport,
             await trio.sleep(wait)
 
 
+class _Window:
+    """Messages per FETCH. Providers end sessions mid-reply on bandwidth
+    limits (Gmail: ``* BYE`` inside a FETCH reply); asking for the same 200
+    again would be cut again, forever. Persisted on the mailbox state."""
+
+    def __init__(self, store: StateStore, tenant: str, name: str, size: int | None,
+                 limits: ImportLimits) -> None:
+        self.store, self.tenant, self.name = store, tenant, name
+        self.full = max(1, limits.probe_chunk)
+        self.size = min(size or self.full, self.full)
+        self.grow_after = limits.window_grow_after
+        self.clean_replies = 0
+
+    async def cut(self, received: int) -> int:
+        """A reply was cut after ``received`` responses: at least halve (the
+        server demonstrably delivers ``received`` at a time)."""
+        self.clean_replies = 0
+        new = max(1, min(self.size // 2, received))
+        if new != self.size:
+            self.size = new
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await self.store.set_fetch_window(self.tenant, self.name, new)
+                except DatabaseError as exc:
+                    log.warning("mailbox %s/%s: cannot store the fetch window: %s",
+                                self.tenant, self.name, exc)
+        return self.size
+
+    async def clean(self) -> None:
+        if self.size >= self.full:
+            return
+        self.clean_replies += 1
+        if self.clean_replies >= self.grow_after:
+            self.clean_replies = 0
+            self.size = min(self.full, self.size * 2)
+            await self.store.set_fetch_window(self.tenant, self.name, self.size)
+
+
 class _Run:
     def __init__(self, store: StateStore, config: MailboxConfig, session: ImapSession,
-                 limits: ImportLimits, report: SyncReport, uidvalidity: int) -> None:
+                 limits: ImportLimits, report: SyncReport, uidvalidity: int,
+                 window: _Window) -> None:
         self.store, self.config, self.session = store, config, session
         self.limits, self.report, self.uidvalidity = limits, report, uidvalidity
+        self.window = window
         self.pending: dict[int, PendingFailure] = {}
 
     async def _imap(self, fn: Callable[P, Awaitable[T]], *args: P.args,
@@ -238,29 +282,78 @@ class _Run:
         await self._import(uids, retry=False)
 
     async def _import(self, uids: Sequence[int], *, retry: bool) -> None:
-        for chunk in _chunks(uids, self.limits.probe_chunk):
+        i = 0
+        while i < len(uids):
+            chunk = uids[i:i + min(self.limits.probe_chunk, self.window.size)]
             sizes = await self._probe(chunk)
-            for batch in _batches(chunk, sizes, self.limits):
+            limits = replace(self.limits,
+                             batch_messages=min(self.limits.batch_messages, self.window.size))
+            for batch in _batches(chunk, sizes, limits):
                 await self._fetch_and_store(batch, retry=retry)
+            i += len(chunk)
+
+    async def _fetch(self, uids: Sequence[int], items: str,
+                     on_item: Callable[[FetchedItem], Awaitable[None]], *,
+                     limit: float | None = None) -> None:
+        """One UID FETCH, each response parsed and handed to ``on_item`` as
+        it completes. A reply cut mid-way shrinks the fetch window (persisted)
+        and fails the run with an error that says so; clean replies grow it."""
+        received = 0
+
+        async def on_response(parts: list[ReplyPart]) -> None:
+            nonlocal received
+            for item in parse_fetch(parts):
+                received += 1
+                await on_item(item)
+
+        try:
+            await self._imap(self.session.uid_fetch_each, uid_set(uids), items, on_response,
+                             limit=limit)
+        except ImapThrottled:
+            raise
+        except ImapUnavailable as exc:
+            shrunk = await self.window.cut(received)
+            raise ImapUnavailable(f"{exc}; the reply was cut after {received} of {len(uids)} "
+                                  f"message(s): asking for {shrunk} per FETCH from now "
+                                  "on") from None
+        await self.window.clean()
 
     async def _probe(self, uids: Sequence[int]) -> dict[int, int]:
-        items = parse_fetch(await self._imap(self.session.uid_fetch, uid_set(uids), _SIZES))
         wanted = set(uids)
-        return {i.uid: i.size or 0 for i in items if i.uid in wanted}
+        sizes: dict[int, int] = {}
+
+        async def on_item(item: FetchedItem) -> None:
+            if item.uid in wanted:
+                sizes[item.uid] = item.size or 0
+
+        await self._fetch(uids, _SIZES, on_item)
+        return sizes
 
     async def _fetch_and_store(self, uids: Sequence[int], *, retry: bool) -> None:
-        parts = await self._imap(self.session.uid_fetch, uid_set(uids), _BODIES,
-                                 limit=self.limits.fetch_timeout)
-        items = parse_fetch(parts)
-        del parts
-        by_uid: dict[int, FetchedItem] = {}
-        order: list[int] = []
+        """Bodies of ``uids`` (ascending). Each message commits as soon as
+        its response is complete and every UID before it is settled, so a
+        cut costs at most the message in flight; responses that come out of
+        UID order wait for the ones before them (notifications per mailbox
+        must ascend)."""
         wanted = set(uids)
-        for item in items:
+        arrived: dict[int, FetchedItem] = {}
+        settled: set[int] = set()
+        order: list[int] = []
+        next_index = 0
+
+        async def settle_ready() -> None:
+            nonlocal next_index
+            while next_index < len(uids) and uids[next_index] in arrived:
+                uid = uids[next_index]
+                next_index += 1
+                await self._store(uid, arrived.pop(uid), retry=retry)
+                settled.add(uid)
+
+        async def on_item(item: FetchedItem) -> None:
             if item.uid is None and item.body is None:
                 # An unsolicited flag update of some message (RFC 3501
                 # §7.4.2): legal, and not ours to read.
-                continue
+                return
             if item.uid is None or item.uid == 0:
                 await self._untrusted(item)
             elif item.uid not in wanted:
@@ -268,41 +361,50 @@ class _Run:
                 # own UID when it is due.
                 self.report.warn(f"FETCH returned UID {item.uid}, which was not asked for "
                                  "(ignored)")
-            elif item.uid in by_uid:
+            elif item.uid in arrived or item.uid in settled:
                 self.report.warn(f"FETCH returned UID {item.uid} twice (first one kept)")
             else:
-                by_uid[item.uid] = item
+                arrived[item.uid] = item
+                if order and item.uid < order[-1]:
+                    self.report.warn("FETCH responses came out of UID order; imported in "
+                                     "UID order")
                 order.append(item.uid)
-        if order != sorted(order):
-            self.report.warn("FETCH responses came out of UID order; imported in UID order")
-        del items
-        for uid in uids:
-            got = by_uid.pop(uid, None)
-            problem = _problem(got)
-            note = None
-            if problem is None:
-                assert got is not None and got.body is not None
-                problem = _suspicious(got)
-                if problem is not None and self._accept_mismatch(uid, problem):
-                    note = f"{problem} (archived after {self.limits.accept_mismatch_after} " \
-                           "attempts with the same result)"
-                    problem = None
-            if problem is not None:
-                await self._failed(uid, problem, retry=retry)
-                continue
-            assert got is not None and got.body is not None
-            if note is not None:
-                self.report.warn(f"UID {uid}: {note}")
-            archived = await self.store.import_message(
-                self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
-                "recovered" if retry else "new", got.body, internaldate=got.internaldate,
-                note=note)
-            if retry:
-                self.report.recovered += 1
+                await settle_ready()
+
+        await self._fetch(uids, _BODIES, on_item, limit=self.limits.fetch_timeout)
+        for uid in uids[next_index:]:
+            got = arrived.pop(uid, None)
+            if got is None:
+                await self._failed(uid, _problem(None) or "", retry=retry)
             else:
-                self.report.imported += 1
-                self.report.duplicates += not archived.created
-                self.report.last_synced_uid = uid
+                await self._store(uid, got, retry=retry)
+
+    async def _store(self, uid: int, got: FetchedItem, *, retry: bool) -> None:
+        problem = _problem(got)
+        note = None
+        if problem is None:
+            assert got.body is not None
+            problem = _suspicious(got)
+            if problem is not None and self._accept_mismatch(uid, problem):
+                note = f"{problem} (archived after {self.limits.accept_mismatch_after} " \
+                       "attempts with the same result)"
+                problem = None
+        if problem is not None:
+            await self._failed(uid, problem, retry=retry)
+            return
+        assert got.body is not None
+        if note is not None:
+            self.report.warn(f"UID {uid}: {note}")
+        archived = await self.store.import_message(
+            self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
+            "recovered" if retry else "new", got.body, internaldate=got.internaldate,
+            note=note)
+        if retry:
+            self.report.recovered += 1
+        else:
+            self.report.imported += 1
+            self.report.duplicates += not archived.created
+            self.report.last_synced_uid = uid
 
     def _accept_mismatch(self, uid: int, problem: str) -> bool:
         """A size mismatch seen on every attempt so far, on the attempt that
@@ -391,11 +493,6 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
                                                       internaldate=item.internaldate)
                 report.imported += archived.created or archived.location_added
                 report.duplicates += not archived.created
-
-
-def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 def _batches(keys: Sequence[int], sizes: dict[int, int],

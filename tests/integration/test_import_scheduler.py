@@ -39,13 +39,14 @@ def config(server: ScriptedImapServer, name: str = "inbox", *,
 
 
 @asynccontextmanager
-async def scheduler(db: Database, **settings: float) -> AsyncIterator[ImportScheduler]:
+async def scheduler(db: Database, *, idle_failures: int = 1000,
+                    **settings: float) -> AsyncIterator[ImportScheduler]:
     listener = Listener(db.dsn, QueueSettings(listener_ping_interval=0.5,
                                               listener_ping_timeout=0.5),
                         channels=(IMPORT_REQUESTS_CHANNEL,))
     sched = ImportScheduler(db, ImportSettings(imap_timeout=2, reload_interval=0.5,
                                                **settings),  # type: ignore[arg-type]
-                            listener=listener)
+                            listener=listener, idle_failures=idle_failures)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         await nursery.start(sched.run)
@@ -153,7 +154,9 @@ async def test_pooled_runs_never_leave_the_lock_behind(db: Database) -> None:
     holds the mailbox's lock (the next run would wait forever)."""
     async def advisory_locks() -> int:
         count: int = await db.fetchval(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            # pg_locks is cluster-wide: other tests' databases take locks too.
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
         return count
 
     async with open_scripted_imap(messages([1, 2])) as server:
@@ -282,7 +285,7 @@ async def test_idle_that_keeps_failing_falls_back_to_the_interval_visibly(
     async with open_scripted_imap(messages([1]), faults=Faults(bye_after_idle="close")) \
             as server, record_imports(db.dsn) as rec:
         await MailboxRegistry(db).add(config(server), interval_seconds=1)
-        async with scheduler(db) as sched:
+        async with scheduler(db, idle_failures=3) as sched:
             with trio.fail_after(20):
                 while not (await StateStore(db).get("acme", "inbox")).idle_status:
                     await trio.sleep(0.1)

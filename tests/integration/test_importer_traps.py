@@ -397,3 +397,45 @@ async def test_internaldate_is_stored_with_the_location(db: Database) -> None:
         await sync(db, server)
     got = await db.fetchval("SELECT internaldate FROM mail_archive_locations WHERE uid = 1")
     assert got is not None and got.isoformat() == "1996-07-17T09:44:25+00:00"
+
+
+async def test_a_cut_costs_at_most_the_message_in_flight(db: Database) -> None:
+    """Each message commits as soon as its literal is complete, not after
+    the whole batch: a cut at message 7 of a batch of 10 keeps 1-6."""
+    async with open_scripted_imap(messages(list(range(1, 11))),
+                                  faults=Faults(cut_mid_literal_uid=7)) as server, \
+            record_imports(db.dsn) as rec:
+        with trio.fail_after(10), pytest.raises(ImapUnavailable):
+            await sync(db, server)
+        await rec.wait_for_imported(count=6)
+        assert (await state(db)).last_synced_uid == 6
+        server.faults.cut_mid_literal_uid = None
+        await sync(db, server)
+        await rec.wait_for_imported(count=10)
+    assert [e.uid for e in rec.select()] == list(range(1, 11))
+    assert len(await archived_hashes(db)) == 10
+
+
+async def test_a_server_that_cuts_every_fetch_reply_still_imports_everything(
+        db: Database) -> None:
+    """``* BYE`` after the third response of every UID FETCH (a bandwidth
+    limit): what arrived is kept, the window shrinks, every run progresses."""
+    async with open_scripted_imap(messages(list(range(1, 61))),
+                                  faults=Faults(bye_after_fetch_responses=3)) as server, \
+            record_imports(db.dsn) as rec:
+        errors: list[str] = []
+        with trio.fail_after(120):
+            for _ in range(40):
+                try:
+                    await sync(db, server)
+                except ImapUnavailable as exc:
+                    errors.append(str(exc))
+                if (await state(db)).last_synced_uid == 60:
+                    break
+        await rec.wait_for_imported(count=60)
+    st = await state(db)
+    assert st.last_synced_uid == 60 and st.imported_total == 60
+    assert [e.uid for e in rec.select()] == list(range(1, 61))
+    assert len(await archived_hashes(db)) == 60
+    assert errors and "cut after" in errors[0]
+    assert st.fetch_window is not None and st.fetch_window < 200
