@@ -439,3 +439,24 @@ async def test_a_server_that_cuts_every_fetch_reply_still_imports_everything(
     assert len(await archived_hashes(db)) == 60
     assert errors and "cut after" in errors[0]
     assert st.fetch_window is not None and st.fetch_window < 200
+
+
+async def test_a_message_without_a_date_header_is_dated_by_internaldate(
+        db: Database) -> None:
+    from nexarch_events.index.base import SearchQuery
+    from nexarch_events.index.postgres import PostgresIndex
+    from nexarch_events.mail.indexer import Indexer
+    from nexarch_events.queue.jobs import Queue
+
+    undated = b"From: a@example.org\r\nSubject: no date here\r\n\r\nwombat\r\n"
+    msgs = [ScriptedMessage(1, undated, internaldate="02-Mar-2021 08:00:00 +0100")]
+    async with open_scripted_imap(msgs) as server:
+        await sync(db, server)
+    backend = PostgresIndex(db)
+    jobs = await Queue(db).claim(10, "test")
+    failures = await Indexer(db, backend).index_batch(jobs)
+    assert failures == {}
+    hits = (await backend.search(SearchQuery(TENANT, "wombat"))).hits
+    assert len(hits) == 1
+    assert hits[0].sent_at is not None and hits[0].sent_at.isoformat() == \
+        "2021-03-02T07:00:00+00:00"
