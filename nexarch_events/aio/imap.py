@@ -220,17 +220,26 @@ class ImapSession:
             finally:
                 send.close()
 
+        group: list[ReplyPart] = []
+        consumer_error: list[Exception] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(command)
-            group: list[ReplyPart] = []
-            async for part in receive:
-                if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
-                    await on_response(group)  # a response without a closing line
-                    group = []
-                group.append(part)
-                if _complete(group):
-                    await on_response(group)
-                    group = []
+            try:
+                async for part in receive:
+                    if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
+                        await on_response(group)  # a response without a closing line
+                        group = []
+                    group.append(part)
+                    if _complete(group):
+                        await on_response(group)
+                        group = []
+            except Exception as exc:
+                # Raised below, as itself: not wrapped in the nursery's
+                # ExceptionGroup, so callers sort it like any other error.
+                consumer_error.append(exc)
+                nursery.cancel_scope.cancel()
+        if consumer_error:
+            raise consumer_error[0]
         if failed:
             raise failed[0]
         if group:

@@ -460,3 +460,30 @@ async def test_a_message_without_a_date_header_is_dated_by_internaldate(
     assert len(hits) == 1
     assert hits[0].sent_at is not None and hits[0].sent_at.isoformat() == \
         "2021-03-02T07:00:00+00:00"
+
+
+async def test_an_error_while_consuming_a_streamed_fetch_comes_out_as_itself(
+        db: Database) -> None:
+    """A database error while storing a streamed message must reach the
+    scheduler as that error (it sorts errors by type), not wrapped in an
+    ExceptionGroup; the session is broken afterwards (its reply was abandoned)."""
+    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
+    from nexarch_events.errors import DatabaseUnavailable
+
+    async with open_scripted_imap(messages([1, 2, 3])) as server:
+        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
+                                                      timeout=3), "user", "secret")
+        try:
+            await session.examine('"INBOX"')
+            seen: list[int] = []
+
+            async def on_response(parts: list[bytes | bytearray]) -> None:
+                seen.append(len(parts))
+                raise DatabaseUnavailable("the database went away")
+
+            with trio.fail_after(10), pytest.raises(DatabaseUnavailable):
+                await session.uid_fetch_each("1:3", "(UID BODY.PEEK[])", on_response)
+            assert seen == [3]  # the first response: line, literal, closing line
+            assert session.broken is not None
+        finally:
+            await session.aclose()
