@@ -331,7 +331,11 @@ class ImapSession:
             raise
         except Exception as exc:
             self._break(f"{type(exc).__name__}: {exc}")
-            raise _translate(self.endpoint, exc) from exc
+            error = _translate(self.endpoint, exc)
+            bye = self._protocol.bye
+            if bye and type(error) is ImapUnavailable:
+                error = ImapUnavailable(f"{error} (the server said BYE: {bye})")
+            raise error from exc
 
     def _break(self, why: str) -> None:
         if self._broken is None:
@@ -462,10 +466,14 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
         self.exists_seen = 0
+        #: The text of a ``* BYE`` the server sent (why it is about to close).
+        self.bye: str | None = None
 
     def _untagged_response(self, line: bytes) -> Any:
         if _EXISTS_LINE.match(line):
             self.exists_seen += 1
+        elif line[:6].upper() == b"* BYE ":
+            self.bye = bytes(line[6:206]).decode("utf-8", "replace")
         return super()._untagged_response(line)
 
 

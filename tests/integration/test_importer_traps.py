@@ -438,6 +438,7 @@ async def test_a_server_that_cuts_every_fetch_reply_still_imports_everything(
     assert [e.uid for e in rec.select()] == list(range(1, 61))
     assert len(await archived_hashes(db)) == 60
     assert errors and "cut after" in errors[0]
+    assert "the server said BYE: Bandwidth limit exceeded" in errors[0]
     assert st.fetch_window is not None and st.fetch_window < 200
 
 
