@@ -110,6 +110,7 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
                       "uidvalidity": report.uidvalidity, "imported": report.imported,
                       "duplicates": report.duplicates, "recovered": report.recovered,
                       "failed": report.failed, "last_synced_uid": report.last_synced_uid,
+                      "throttled": report.throttled, "passes": report.passes,
                       "warning": report.warning}))
     return EXIT_OK
 
