@@ -18,8 +18,10 @@ connect, TLS, login), and retries with backoff (2 s doubling, capped by
 A bug (any other exception) is not swallowed: it propagates and takes the
 scheduler's nursery down.
 
-"Sync now" (``nexarch_import_requests``) wakes a healthy runner at once; an
-IDLE runner drops its IDLE connection for that and reconnects. A request
+"Sync now" (``nexarch_import_requests``) wakes a healthy runner at once, or
+``request_min_gap`` (default ``REQUEST_MIN_GAP``) after its last run began if
+that is later; an IDLE runner drops its IDLE connection for that and
+reconnects. A request
 never shortens the backoff of a failing mailbox (guarantee 13: one click
 must not become a login storm that gets the account locked), and every
 attempt clears the request, whatever its outcome.
@@ -62,6 +64,10 @@ IDLE_FAILURES = 5
 #: ... for this many seconds.
 IDLE_RETRY_AFTER = 3600.0
 _FIRST_BACKOFF = 2.0
+#: A "sync now" starts a run no sooner than this many seconds after the
+#: previous run began: a burst of requests (a button clicked 20 times) is
+#: one or two runs, not one login each.
+REQUEST_MIN_GAP = 5.0
 
 
 class ImportScheduler:
@@ -70,9 +76,11 @@ class ImportScheduler:
     def __init__(self, db: Database, settings: ImportSettings, *, secret_key: str | None = None,
                  listener: Listener | None = None, limits: ImportLimits | None = None,
                  on_run: RunObserver | None = None, metrics: Metrics | None = None,
-                 idle_failures: int = IDLE_FAILURES) -> None:
+                 idle_failures: int = IDLE_FAILURES,
+                 request_min_gap: float = REQUEST_MIN_GAP) -> None:
         self.db = db
         self.idle_failures = idle_failures
+        self.request_min_gap = request_min_gap
         self.settings = settings
         self.secret_key = secret_key
         self.listener = listener
@@ -168,6 +176,7 @@ class _Runner:
         self._no_idle_until = float("-inf")
         self._idle_failures = 0
         self._idle_status_shown = False
+        self._last_run = float("-inf")
 
     @property
     def _server_has_idle(self) -> bool:
@@ -176,7 +185,12 @@ class _Runner:
     def wake(self) -> None:
         self._wake.set()
         if self._idle_scope is not None:
-            self._idle_scope.cancel()
+            self._drop_idle_soon(self._idle_scope)
+
+    def _drop_idle_soon(self, scope: trio.CancelScope) -> None:
+        # Dropping IDLE costs a reconnect and a login: not sooner than
+        # REQUEST_MIN_GAP after the last run began.
+        scope.deadline = min(scope.deadline, self._last_run + self.scheduler.request_min_gap)
 
     async def run(self) -> None:
         s = self.scheduler.settings
@@ -239,6 +253,7 @@ class _Runner:
     async def _sync(self, password: str, session: ImapSession | None = None) -> SyncReport:
         s = self.scheduler.settings
         self._wake = trio.Event()
+        self._last_run = trio.current_time()
         metrics = self.scheduler.metrics
         try:
             report = await run_sync(self.scheduler.db, self.config, password, session=session,
@@ -286,7 +301,7 @@ class _Runner:
                 with trio.CancelScope() as scope:
                     self._idle_scope = scope
                     if self._wake.is_set():
-                        scope.cancel()
+                        self._drop_idle_soon(scope)
                     try:
                         await session.idle(min(s.idle_refresh, float(await self._interval())))
                     except ImapError as exc:
@@ -330,5 +345,8 @@ class _Runner:
             return default
 
     async def _wait(self, seconds: float) -> None:
+        """Up to ``seconds``; a "sync now" ends it early, but not sooner than
+        REQUEST_MIN_GAP after the last run began."""
         with trio.move_on_after(seconds):
             await self._wake.wait()
+            await trio.sleep_until(self._last_run + self.scheduler.request_min_gap)

@@ -39,14 +39,15 @@ def config(server: ScriptedImapServer, name: str = "inbox", *,
 
 
 @asynccontextmanager
-async def scheduler(db: Database, *, idle_failures: int = 1000,
+async def scheduler(db: Database, *, idle_failures: int = 1000, request_min_gap: float = 0.0,
                     **settings: float) -> AsyncIterator[ImportScheduler]:
     listener = Listener(db.dsn, QueueSettings(listener_ping_interval=0.5,
                                               listener_ping_timeout=0.5),
                         channels=(IMPORT_REQUESTS_CHANNEL,))
     sched = ImportScheduler(db, ImportSettings(imap_timeout=2, reload_interval=0.5,
                                                **settings),  # type: ignore[arg-type]
-                            listener=listener, idle_failures=idle_failures)
+                            listener=listener, idle_failures=idle_failures,
+                            request_min_gap=request_min_gap)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         await nursery.start(sched.run)
@@ -297,3 +298,24 @@ async def test_idle_that_keeps_failing_falls_back_to_the_interval_visibly(
             await trio.sleep(1.5)
             assert server.commands.count("IDLE") == idles  # not tried again for now
             assert sched.idle_mailboxes() == []
+
+
+async def test_a_burst_of_sync_requests_on_a_healthy_idle_mailbox_is_one_or_two_runs(
+        db: Database) -> None:
+    """Each request would drop IDLE and log in again; requests within
+    request_min_gap of the last run wait for it instead."""
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db, request_min_gap=2.0) as sched:
+            await rec.wait_for_imported(uid=1)
+            await wait_idle(sched)
+            logins = server.logins
+            server.add_message(message(2))  # pushed through IDLE: a run
+            await rec.wait_for_imported(uid=2, timeout=5)
+            for _ in range(20):
+                await StateStore(db).request_sync("acme", "inbox")
+                await trio.sleep(0.05)
+            server.add_message(message(3))
+            await rec.wait_for_imported(uid=3, timeout=10)
+            await trio.sleep(0.5)
+            assert server.logins - logins <= 2, server.logins - logins
