@@ -40,6 +40,17 @@ durable throwaway server of our own). Nothing in the package is changed; part
    it) -> sync run start -> mail-imported notification -> job 'succeeded'
    notification -> search hit, and the steps inside the sync runs.
 
+3. concurrency (``--only concurrency``): 1, 4, 16 and 64 mailboxes (one
+   Dovecot folder each, ``--concurrency-total`` messages split evenly) synced
+   at once by ``run_sync`` (one connection each), on a fresh database each,
+   with and without the NOTIFYs: total msg/s and the p50/p99 time of one
+   message's ``import_message`` call (its commit). "Without NOTIFY" is a
+   bench-only switch: that database gets a no-op ``public.pg_notify`` and
+   ``search_path = public, pg_catalog``, so the product's functions call it
+   instead of the real one; nothing in the package changes. Postgres
+   serialises the commits of transactions that sent a NOTIFY on one
+   cluster-wide lock; the difference between the two columns is its cost.
+
 Usage: .venv/bin/python bench/import_bench.py [--dsn URL | --embedded] [--quick]
        [--only throughput,searchable] [--count N] [--arrivals N] [--interval S]
        [--closed-loop] [--profile-count N] [--floor-count N] [--out FILE]
@@ -871,10 +882,60 @@ async def part2(url: str, dovecot: Dovecot, folder: str, initial: int, arrivals:
 # --------------------------------------------------------------------- main
 
 
+async def part3(urls: dict[tuple[int, bool], str], dovecot: Dovecot,
+                folders: dict[int, list[str]], per: dict[int, int]) -> dict[str, Any]:
+    """Concurrent first syncs; ``urls[(mailboxes, notify)]`` is a fresh database."""
+    password = dovecot.users[USER]
+    original = StateStore.import_message
+    durations: list[float] = []
+
+    async def timed(self: StateStore, *args: Any, **kwargs: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return await original(self, *args, **kwargs)
+        finally:
+            durations.append(time.perf_counter() - t)
+
+    rows = []
+    StateStore.import_message = timed  # type: ignore[method-assign]
+    try:
+        for (n, notify), url in urls.items():
+            durations.clear()
+            configs = [config_for(dovecot, f"c{n}-{i}", folder)
+                       for i, folder in enumerate(folders[n])]
+            start = time.perf_counter()
+            async with trio.open_nursery() as nursery:
+                for config in configs:
+                    nursery.start_soon(functools.partial(run_sync, url, config, password,
+                                                         imap_timeout=120, lock_wait=120))
+            elapsed = time.perf_counter() - start
+            async with Database.open(url, max_size=1) as db:
+                archived = int(await db.fetchval("SELECT count(*) FROM mail_archive"))
+            ms = [d * 1000 for d in durations]
+            rows.append({"mailboxes": n, "notify": notify, "messages": archived,
+                         "expected": n * per[n], "seconds": round(elapsed, 3),
+                         "msgs_per_s": round(archived / elapsed, 1),
+                         "commit_ms": {"p50": round(pct(ms, 0.5), 2),
+                                       "p99": round(pct(ms, 0.99), 2)}})
+            pr(f"  {n:>3} mailboxes, NOTIFY {'on ' if notify else 'off'}: {archived:,} msgs "
+               f"in {elapsed:.2f} s = {archived / elapsed:.1f} msg/s")
+    finally:
+        StateStore.import_message = original  # type: ignore[method-assign]
+    return {"workload": "concurrency", "rows": rows}
+
+
 def print_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
     pr()
     pr(f"import benchmark  run {meta['run']}  {meta['cpus']} cpus  {meta['server']}")
     for r in results:
+        if r["workload"] == "concurrency":
+            pr("[3] concurrent first syncs (run_sync per mailbox, one Dovecot folder each):")
+            pr("    mailboxes  NOTIFY  messages  seconds    msg/s  commit p50 ms  p99 ms")
+            for row in r["rows"]:
+                pr(f"    {row['mailboxes']:>9}  {'on' if row['notify'] else 'off':>6}  "
+                   f"{row['messages']:>8}  {row['seconds']:>7}  {row['msgs_per_s']:>7}  "
+                   f"{row['commit_ms']['p50']:>13}  {row['commit_ms']['p99']:>6}")
+            continue
         if r["workload"] == "import_throughput":
             c, s, i, rp, cm = r["corpus"], r["sync"], r["imap_only"], r["replay"], r["commit"]
             st = cm["settings"]
@@ -991,6 +1052,10 @@ def main() -> None:
                         help="messages of the profiled sync (0: no profile)")
     parser.add_argument("--floor-count", type=int, default=1000,
                         help="statements per commit-floor loop")
+    parser.add_argument("--concurrency", default="1,4,16,64",
+                        help="part 3: mailbox counts to sync at once")
+    parser.add_argument("--concurrency-total", type=int, default=1280,
+                        help="part 3: messages per configuration, split over its mailboxes")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / time.strftime(
         "import-%Y%m%dT%H%M%SZ.json", time.gmtime())))
     args = parser.parse_args()
@@ -1078,6 +1143,34 @@ def main() -> None:
             pr("part 2 ...")
             results.append(aio_run(part2, fresh_db(), dovecot, "Arrivals", initial, arrivals,
                                    10, args.interval, args.closed_loop))
+
+        if "concurrency" in only:
+            counts = [int(c) for c in args.concurrency.split(",")]
+            folders: dict[int, list[str]] = {}
+            per: dict[int, int] = {}
+            seed = 40
+            t = time.perf_counter()
+            for n in counts:
+                per[n] = max(1, args.concurrency_total // n)
+                folders[n] = [f"Conc{n}x{i}" for i in range(n)]
+                for folder in folders[n]:
+                    dovecot.create_mailbox(USER, folder)
+                    seed += 1
+                    dovecot.append_many(USER, folder, (crlf(m) for m in realistic_messages(
+                        per[n], seed=seed)))
+            pr(f"part 3: appended to {sum(counts)} folders in {time.perf_counter() - t:.1f} s")
+            urls3: dict[tuple[int, bool], str] = {}
+            for n in counts:
+                for notify in (True, False):
+                    url = fresh_db()
+                    if not notify:
+                        name = url.rsplit("/", 1)[-1].split("?")[0]
+                        execute_sync(url, [
+                            "CREATE FUNCTION public.pg_notify(text, text) RETURNS void "
+                            "LANGUAGE plpgsql AS $$BEGIN END$$",
+                            f'ALTER DATABASE "{name}" SET search_path = public, pg_catalog'])
+                    urls3[(n, notify)] = url
+            results.append(aio_run(part3, urls3, dovecot, folders, per))
 
     print_report(meta, results)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,17 @@ class ImapUnavailable(ImapError):
     answering (retry later; the next run resumes from the persisted UID)."""
 
 
+class ImapThrottled(ImapUnavailable):
+    """The server refused a command for now ([UNAVAILABLE], [THROTTLED],
+    [LIMIT], [INUSE]). ``wait``: the server's suggested backoff in seconds,
+    None if it suggested none. Retry the same command after a wait."""
+
+    def __init__(self, message: str, *, code: str, wait: float | None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.wait = wait
+
+
 class ImapTlsError(ImapUnavailable):
     """TLS could not be set up: certificate not trusted, name mismatch, no STARTTLS."""
 

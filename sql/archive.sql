@@ -15,7 +15,11 @@ SELECT archive_id AS id, created, job_id, location_added
 SELECT a.id, a.tenant_slug, a.raw, a.size_bytes,
        coalesce((SELECT array_agg(DISTINCT l.mailbox ORDER BY l.mailbox)
                    FROM mail_archive_locations l
-                  WHERE l.archive_id = a.id), '{}') AS mailboxes
+                  WHERE l.archive_id = a.id), '{}') AS mailboxes,
+       -- The earliest INTERNALDATE a server gave it (dates a message
+       -- without a Date header; migration 0020).
+       (SELECT min(l.internaldate) FROM mail_archive_locations l
+         WHERE l.archive_id = a.id) AS received_at
   FROM unnest($1::text[], $2::bigint[]) AS k(tenant_slug, id)
   JOIN mail_archive a ON a.id = k.id AND a.tenant_slug = k.tenant_slug;
 

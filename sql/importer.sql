@@ -28,12 +28,17 @@ RETURNING interval_seconds;
 
 -- name: begin
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY (NULL: absent or 0), $4 UIDNEXT, $5 EXISTS.
-SELECT * FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint);
+-- Also the persisted fetch window (migration 0020).
+SELECT b.*, (SELECT s.fetch_window FROM mail_import_state s
+              WHERE s.tenant_slug = $1 AND s.mailbox_name = $2) AS fetch_window
+  FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint) b;
 
 -- name: import_message
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID (NULL: not trusted),
--- $5 mode (new | recovered | unstable), $6 sha256, $7 size, $8 raw.
-SELECT * FROM mail_import_message($1, $2, $3::bigint, $4::bigint, $5, $6, $7::int, $8);
+-- $5 mode (new | recovered | unstable), $6 sha256, $7 size, $8 raw,
+-- $9 INTERNALDATE or NULL, $10 the location's note or NULL (migration 0020).
+SELECT * FROM mail_import_message($1, $2, $3::bigint, $4::bigint, $5, $6, $7::int, $8,
+                                  $9::timestamptz, $10::text);
 
 -- name: record_failure
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID, $5 error, $6 is a retry.
@@ -52,6 +57,52 @@ SELECT uidvalidity, uid, attempts, last_error, first_failed_at, last_failed_at
   FROM mail_import_failures
  WHERE tenant_slug = $1 AND mailbox_name = $2
  ORDER BY uidvalidity, uid;
+
+-- name: attempt_started
+-- An attempt (connect, login, sync) begins: a pending "sync now" is
+-- answered by it, whatever its outcome, so it can never wake a runner twice
+-- (or again after a restart).
+UPDATE mail_import_state
+   SET last_attempt_at = now(), sync_requested_at = NULL, updated_at = now()
+ WHERE tenant_slug = $1 AND mailbox_name = $2;
+
+-- name: failed_before_run
+-- An attempt that failed before it could talk to the server (the password
+-- reference cannot be resolved): recorded like a failed run. $3 error.
+UPDATE mail_import_state
+   SET last_attempt_at = now(), sync_requested_at = NULL,
+       last_run_finished_at = now(), last_error = $3::text, last_error_at = now(),
+       updated_at = now()
+ WHERE tenant_slug = $1 AND mailbox_name = $2;
+
+-- name: set_idle_status
+-- $3: why IDLE is not used ("idle unavailable: ..."), NULL when it works.
+UPDATE mail_import_state
+   SET idle_status = $3::text, updated_at = now()
+ WHERE tenant_slug = $1 AND mailbox_name = $2
+   AND idle_status IS DISTINCT FROM $3::text;
+
+-- name: set_fetch_window
+-- $3 messages per FETCH (see migration 0020).
+UPDATE mail_import_state
+   SET fetch_window = $3::int, updated_at = now()
+ WHERE tenant_slug = $1 AND mailbox_name = $2;
+
+-- name: failure_retry
+-- An operator asks for one recorded failure to be tried again: its attempt
+-- count starts over (runs retry it up to the limit again). $3 UID. Returns
+-- the rows changed (none: no such failure).
+UPDATE mail_import_failures
+   SET attempts = 0
+ WHERE tenant_slug = $1 AND mailbox_name = $2 AND uid = $3::bigint
+RETURNING uidvalidity, uid;
+
+-- name: failure_clear
+-- An operator gives up on one recorded failure: it is forgotten (the
+-- message stays unimported; the watermark is already past it). $3 UID.
+DELETE FROM mail_import_failures
+ WHERE tenant_slug = $1 AND mailbox_name = $2 AND uid = $3::bigint
+RETURNING uidvalidity, uid;
 
 -- name: finish
 -- End of a run. $3 error or NULL, $4 warning or NULL (a clean run clears it).
@@ -119,6 +170,7 @@ SELECT m.*, s.last_uidvalidity, s.last_synced_uid, s.interval_seconds,
        s.server_uidnext, s.server_exists, s.imported_total,
        s.last_run_started_at, s.last_run_finished_at, s.last_success_at,
        s.last_error, s.last_error_at, s.warning, s.sync_requested_at,
+       s.idle_status, s.fetch_window, s.last_attempt_at,
        (SELECT count(*) FROM mail_import_failures f
          WHERE f.tenant_slug = m.tenant_slug AND f.mailbox_name = m.name) AS failures
   FROM mail_import_mailboxes m

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -37,6 +39,7 @@ from ..errors import (
     ImapAuthError,
     ImapCommandError,
     ImapError,
+    ImapThrottled,
     ImapTlsError,
     ImapUnavailable,
 )
@@ -51,6 +54,14 @@ T = TypeVar("T")
 ReplyPart = bytes | bytearray
 
 TLS_MODES = ("implicit", "starttls", "plain")
+
+# RFC 5530 codes (and Gmail's THROTTLED) that mean "not now": the command may
+# succeed when repeated later. Office 365 adds "Suggested Backoff Time: N
+# milliseconds" to the text.
+_THROTTLE_CODE = re.compile(rb"^\[(UNAVAILABLE|THROTTLED|LIMIT|INUSE)\b", re.IGNORECASE)
+_SUGGESTED_WAIT = re.compile(rb"Suggested Backoff Time:\s*(\d{1,9})\s*(milli)?seconds?",
+                             re.IGNORECASE)
+_EXISTS_LINE = re.compile(rb"^(?:\* )?\d+ EXISTS\b", re.IGNORECASE)
 
 
 class SaslLogin(Protocol):
@@ -203,6 +214,14 @@ class ImapSession:
         return frozenset(c.upper() for c in self._protocol.capabilities)
 
     @property
+    def exists_seen(self) -> int:
+        """How many ``* n EXISTS`` the server sent on this session so far, in
+        any reply (aioimaplib drops those that arrive during FETCH or SEARCH;
+        they mean new mail arrived while we were busy)."""
+        count: int = self._protocol.exists_seen
+        return count
+
+    @property
     def broken(self) -> str | None:
         """Why this session may not be used any more, or None."""
         return self._broken
@@ -210,22 +229,74 @@ class ImapSession:
     async def examine(self, mailbox_arg: str) -> list[ReplyPart]:
         """EXAMINE (read-only SELECT): fetching never changes flags. Returns the
         untagged lines; raises ImapCommandError on NO/BAD (no such mailbox)."""
-        lines = await self._ok(self._command_sync, "EXAMINE", mailbox_arg)
+        lines = await self._ok(f"EXAMINE {mailbox_arg}", self._command_sync, "EXAMINE",
+                               mailbox_arg)
         self._protocol.state = aioimaplib.SELECTED
         return lines
 
     async def uid_search(self, criteria: str) -> list[ReplyPart]:
         """``UID SEARCH <criteria>``, e.g. ``"UID 5:*"`` or ``"ALL"``; returns
         the untagged data (UIDs, without the SEARCH keyword)."""
-        return await self._ok(self._uid_search, criteria)
+        return await self._ok(f"UID SEARCH {criteria}", self._uid_search, criteria)
 
     async def uid_fetch(self, uid_set: str, items: str, *,
                         limit: float | None = None) -> list[ReplyPart]:
-        return await self._ok(self._fetch, uid_set, items, True, limit=limit)
+        return await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
+                              items, True, limit=limit)
+
+    async def uid_fetch_each(self, uid_set: str, items: str,
+                             on_response: Callable[[list[ReplyPart]], Awaitable[None]], *,
+                             limit: float | None = None) -> None:
+        """``UID FETCH``, handing each FETCH response (its parts, as
+        :meth:`uid_fetch` would return them) to ``on_response`` as soon as it
+        is complete, while the rest of the reply still arrives; responses in
+        server order, one ``on_response`` at a time. A reply cut mid-way
+        (``* BYE``, a reset) has had every response completed before the cut
+        handed over when ImapUnavailable is raised. If ``on_response``
+        raises, the command is abandoned (the session is then broken) and
+        the error propagates. Memory: one response at a time is kept by the
+        framing, plus what ``on_response`` has not consumed yet."""
+        send, receive = trio.open_memory_channel[ReplyPart](math.inf)
+        failed: list[ImapError] = []
+
+        async def command() -> None:
+            try:
+                await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
+                               items, True, send.send_nowait, limit=limit)
+            except ImapError as exc:
+                failed.append(exc)
+            finally:
+                send.close()
+
+        group: list[ReplyPart] = []
+        consumer_error: list[Exception] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(command)
+            try:
+                async for part in receive:
+                    if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
+                        await on_response(group)  # a response without a closing line
+                        group = []
+                    group.append(part)
+                    if _complete(group):
+                        await on_response(group)
+                        group = []
+            except Exception as exc:
+                # Raised below, as itself: not wrapped in the nursery's
+                # ExceptionGroup, so callers sort it like any other error.
+                consumer_error.append(exc)
+                nursery.cancel_scope.cancel()
+        if consumer_error:
+            raise consumer_error[0]
+        if failed:
+            raise failed[0]
+        if group:
+            await on_response(group)
 
     async def fetch(self, seq_set: str, items: str, *,
                     limit: float | None = None) -> list[ReplyPart]:
-        return await self._ok(self._fetch, seq_set, items, False, limit=limit)
+        return await self._ok(f"FETCH {_short(seq_set)} {items}", self._fetch, seq_set, items,
+                              False, limit=limit)
 
     async def list_folders(self) -> list[ReplyPart]:
         """``LIST "" "*"``: every folder, with its special use (RFC 6154)
@@ -233,10 +304,10 @@ class ImapSession:
         args = ['""', '"*"']
         if {"SPECIAL-USE", "LIST-EXTENDED"} <= self.capabilities:
             args.append("RETURN (SPECIAL-USE)")
-        return await self._ok(self._command_async, "LIST", *args)
+        return await self._ok("LIST " + " ".join(args), self._command_async, "LIST", *args)
 
     async def noop(self) -> list[ReplyPart]:
-        return await self._ok(self._command_async, "NOOP")
+        return await self._ok("NOOP", self._command_async, "NOOP")
 
     async def idle(self, max_wait: float) -> list[bytes]:
         """IDLE until the server pushes something or ``max_wait`` passes, then
@@ -273,13 +344,23 @@ class ImapSession:
 
     # -- trio side -----------------------------------------------------------
 
-    async def _ok(self, fn: Callable[..., Awaitable[tuple[str, list[ReplyPart]]]],
+    async def _ok(self, what: str, fn: Callable[..., Awaitable[tuple[str, list[ReplyPart]]]],
                   *args: object, limit: float | None = None) -> list[ReplyPart]:
+        """``what`` names the command in errors, as an operator would type it."""
         result, lines = await self._call(fn, *args, limit=limit)
         if result != "OK":
-            raise ImapCommandError(f"{self.endpoint.describe()}: {fn.__name__.strip('_')} "
-                                   f"{' '.join(map(str, args))[:120]} answered {result}: "
-                                   f"{_text(lines)}")
+            message = f"{self.endpoint.describe()}: {what} answered {result}: {_text(lines)}"
+            last = bytes(lines[-1]) if lines else b""
+            code = _THROTTLE_CODE.match(last)
+            if result == "NO" and (code is not None or b"throttl" in last.lower()):
+                suggested = _SUGGESTED_WAIT.search(last)
+                wait = None
+                if suggested is not None:
+                    wait = int(suggested.group(1)) / (1000 if suggested.group(2) else 1)
+                raise ImapThrottled(f"throttled: {message}",
+                                    code=code.group(1).decode().upper() if code else "THROTTLED",
+                                    wait=wait)
+            raise ImapCommandError(message)
         # The last part is the tagged completion's text.
         return lines[:-1]
 
@@ -306,7 +387,11 @@ class ImapSession:
             raise
         except Exception as exc:
             self._break(f"{type(exc).__name__}: {exc}")
-            raise _translate(self.endpoint, exc) from exc
+            error = _translate(self.endpoint, exc)
+            bye = self._protocol.bye
+            if bye and type(error) is ImapUnavailable:
+                error = ImapUnavailable(f"{error} (the server said BYE: {bye})")
+            raise error from exc
 
     def _break(self, why: str) -> None:
         if self._broken is None:
@@ -360,11 +445,14 @@ class ImapSession:
         response = await p.execute(cmd)
         return response.result, list(response.lines)
 
-    async def _fetch(self, message_set: str, items: str,
-                     by_uid: bool) -> tuple[str, list[ReplyPart]]:
+    async def _fetch(self, message_set: str, items: str, by_uid: bool,
+                     sink: Callable[[ReplyPart], None] | None = None
+                     ) -> tuple[str, list[ReplyPart]]:
         p = self._protocol
-        cmd = aioimaplib.FetchCommand(p.new_tag(), message_set, items,
-                                      prefix="UID" if by_uid else None, loop=p.loop)
+        prefix = "UID" if by_uid else None
+        cmd = aioimaplib.FetchCommand(p.new_tag(), message_set, items, prefix=prefix,
+                                      loop=p.loop) if sink is None else \
+            _StreamingFetch(sink, p.new_tag(), message_set, items, prefix=prefix, loop=p.loop)
         response = await p.execute(cmd)
         return response.result, list(response.lines)
 
@@ -438,7 +526,7 @@ class _SaslCommand(aioimaplib.Command):  # type: ignore[misc]
 async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:
     loop = asyncio.get_running_loop()
     lost = asyncio.Event()
-    protocol = aioimaplib.IMAP4ClientProtocol(loop, lambda _exc: lost.set())
+    protocol = _Protocol(loop, lambda _exc: lost.set())
     ctx = _ssl_context(endpoint) if endpoint.tls == "implicit" else None
     try:
         await loop.create_connection(lambda: protocol, endpoint.host, endpoint.port, ssl=ctx,
@@ -461,6 +549,58 @@ async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:
     if not greeted.done() or greeted.cancelled():
         raise ImapUnavailable(f"{endpoint.describe()}: connection closed before the greeting")
     return protocol, lost
+
+
+class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
+    """aioimaplib's framing, counting the EXISTS it would otherwise drop."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.exists_seen = 0
+        #: The text of a ``* BYE`` the server sent (why it is about to close).
+        self.bye: str | None = None
+
+    def _untagged_response(self, line: bytes) -> Any:
+        if _EXISTS_LINE.match(line):
+            self.exists_seen += 1
+        elif line[:6].upper() == b"* BYE ":
+            self.bye = bytes(line[6:206]).decode("utf-8", "replace")
+        return super()._untagged_response(line)
+
+
+class _StreamingFetch(aioimaplib.FetchCommand):  # type: ignore[misc]
+    """A FETCH whose reply parts go to ``sink`` as they arrive. Of its own
+    lines it keeps only those since the last FETCH response began (all the
+    framing needs to tell whether a response is complete), so a batch's
+    bodies are never all held at once."""
+
+    def __init__(self, sink: Callable[[ReplyPart], None], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sink = sink
+
+    def append_to_resp(self, line: ReplyPart, result: str = "Pending") -> None:
+        if result == "Pending":
+            if isinstance(line, bytes) and _FETCH_LINE.match(line):
+                self._resp_lines.clear()
+            self._sink(line if isinstance(line, bytearray) else bytes(line))
+        super().append_to_resp(line, result)
+
+
+_FETCH_LINE = re.compile(rb"^\d+ FETCH \(", re.IGNORECASE)
+
+
+def _complete(group: list[ReplyPart]) -> bool:
+    """Whether the FETCH response in ``group`` has ended: its text (literals
+    left out) closes every parenthesis it opened, and it does not end
+    announcing a literal."""
+    if not group or not isinstance(group[-1], bytes) or group[-1].rstrip().endswith(b"}"):
+        return False
+    text = b"".join(p for p in group if isinstance(p, bytes))
+    return text.count(b"(") <= text.count(b")")
+
+
+def _short(message_set: str) -> str:
+    return message_set if len(message_set) <= 60 else message_set[:57] + "..."
 
 
 def _translate(endpoint: ImapEndpoint, exc: BaseException) -> ImapError:

@@ -143,13 +143,30 @@ def cmd_mailbox_list(args: argparse.Namespace, settings: Settings, url: str) -> 
     print(f"{'TENANT/NAME':<32} {'SERVER':<28} {'UIDVAL':>10} {'LAST UID':>9} "
           f"{'EVERY':>6} {'IMPORTED':>8}  STATE")
     for row in rows:
-        state = "error: " + row["last_error"][:60] if row["last_error"] else (
-            "warning: " + row["warning"][:60] if row["warning"] else "ok")
+        state = _state_text(row)
         print(f"{row['tenant_slug'] + '/' + row['name']:<32} "
               f"{row['host'] + ':' + str(row['port']):<28} {row['last_uidvalidity'] or 0:>10} "
               f"{row['last_synced_uid'] or 0:>9} {row['interval_seconds'] or 0:>5}s "
               f"{row['imported_total'] or 0:>8}  {state}")
     return EXIT_OK
+
+
+def _state_text(row: Any) -> str:
+    """One line: the worst of error / warning / ok, then what else an
+    operator must know (failing messages, IDLE given up)."""
+    if row["last_error"]:
+        state = f"error: {row['last_error'][:60]}"
+    elif row["warning"]:
+        state = f"warning: {row['warning'][:60]}"
+    elif row["last_success_at"] is None:
+        state = "not synced yet"
+    else:
+        state = "ok"
+    if row["failures"]:
+        state += f"; {row['failures']} message(s) failing (mailbox failures)"
+    if row["idle_status"]:
+        state += f"; {row['idle_status'][:80]}"
+    return state
 
 
 def cmd_mailbox_set_interval(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -195,6 +212,7 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
                       "uidvalidity": report.uidvalidity, "imported": report.imported,
                       "duplicates": report.duplicates, "recovered": report.recovered,
                       "failed": report.failed, "last_synced_uid": report.last_synced_uid,
+                      "throttled": report.throttled, "passes": report.passes,
                       "warning": report.warning}))
     return EXIT_OK
 
@@ -214,15 +232,43 @@ def cmd_mailbox_failures(args: argparse.Namespace, settings: Settings, url: str)
         await registry.get(args.tenant, args.name)
         return await StateStore(registry.db).failures(args.tenant, args.name)
 
+    if args.retry is not None or args.clear is not None:
+        return _failure_action(args, url)
     rows = [dict(r) for r in registry_call(url, go)]
     if args.json:
         print(json.dumps(jsonable(rows), indent=2))
         return EXIT_OK
     print(f"{len(rows)} message(s) the server did not hand over (retried by every run, "
-          "up to 10 attempts)")
+          "up to 10 attempts; --retry UID starts over, --clear UID gives up)")
     for r in rows:
         print(f"  UIDVALIDITY {r['uidvalidity']} UID {r['uid']}: {r['attempts']} attempt(s), "
               f"last {r['last_failed_at']:%Y-%m-%d %H:%M}: {r['last_error']}")
+    return EXIT_OK
+
+
+def _failure_action(args: argparse.Namespace, url: str) -> int:
+    from ..errors import JobNotFound
+    from ..importer.state import StateStore
+
+    retry = args.retry is not None
+    uid = args.retry if retry else args.clear
+
+    async def go(registry: Any) -> bool:
+        await registry.get(args.tenant, args.name)
+        store = StateStore(registry.db)
+        if retry:
+            found = await store.retry_failure(args.tenant, args.name, uid)
+            if found:  # the next run retries it; ask running services for it now
+                await store.request_sync(args.tenant, args.name)
+            return found
+        return await store.clear_failure(args.tenant, args.name, uid)
+
+    if not registry_call(url, go):
+        raise JobNotFound(f"{args.tenant}/{args.name}: no recorded failure for UID {uid}")
+    if retry:
+        print(f"{args.tenant}/{args.name}: UID {uid} will be retried (sync requested)")
+    else:
+        print(f"{args.tenant}/{args.name}: UID {uid} forgotten; it stays unimported")
     return EXIT_OK
 
 
@@ -273,6 +319,11 @@ def register(sub: Subparsers) -> None:
     failures.add_argument("tenant")
     failures.add_argument("name")
     failures.add_argument("--json", action="store_true")
+    action = failures.add_mutually_exclusive_group()
+    action.add_argument("--retry", type=int, metavar="UID",
+                        help="try this failed message again (its attempts start over)")
+    action.add_argument("--clear", type=int, metavar="UID",
+                        help="forget this failed message (it stays unimported)")
     failures.set_defaults(fn=cmd_mailbox_failures)
     remove = msub.add_parser("remove", help="unregister a mailbox (archived mail stays)")
     remove.add_argument("tenant")

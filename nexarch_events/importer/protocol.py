@@ -14,6 +14,7 @@ import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 
 from ..errors import ImapProtocolError
 
@@ -28,6 +29,16 @@ _ITEM_SIZE = re.compile(rb"[( ]RFC822\.SIZE (\d+)", re.IGNORECASE)
 _BODY_LITERAL = re.compile(rb"[( ]BODY\[\](?:<\d+>)? \{(\d+)\}$", re.IGNORECASE)
 _BODY_NIL = re.compile(rb"[( ]BODY\[\](?:<\d+>)? NIL", re.IGNORECASE)
 _BODY_QUOTED = re.compile(rb'[( ]BODY\[\](?:<\d+>)? ""', re.IGNORECASE)
+_ITEM_INTERNALDATE = re.compile(
+    rb'[( ]INTERNALDATE "\s?(\d{1,2})-([A-Za-z]{3})-(\d{4}) (\d{2}):(\d{2}):(\d{2}) '
+    rb'([+-])(\d{2})(\d{2})"', re.IGNORECASE)
+_MONTHS = {m: i for i, m in enumerate(
+    (b"jan", b"feb", b"mar", b"apr", b"may", b"jun", b"jul", b"aug", b"sep", b"oct", b"nov",
+     b"dec"), start=1)}
+# Exchange / Office 365 answer a message they cannot convert with a made-up
+# one (OfflineIMAP #62); its Subject names the failure.
+_SUBSTITUTE_SUBJECT = re.compile(
+    rb"^Subject:[ \t]*Retrieval using the IMAP4 protocol failed", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +62,8 @@ class FetchedItem:
     size: int | None
     #: The message bytes; None for ``BODY[] NIL`` or no body item at all.
     body: bytes | None
+    #: INTERNALDATE (the server's received date), if asked for and valid.
+    internaldate: datetime | None = None
 
 
 def _nz(value: int) -> int | None:
@@ -136,8 +149,36 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
             seq=seq,
             uid=int(uid_m.group(1)) if uid_m else None,
             size=int(size_m.group(1)) if size_m else None,
-            body=body))
+            body=body,
+            internaldate=_internaldate(text)))
     return items
+
+
+def _internaldate(text: bytes) -> datetime | None:
+    """INTERNALDATE (RFC 3501 date-time), None if absent or impossible."""
+    m = _ITEM_INTERNALDATE.search(text)
+    if m is None:
+        return None
+    day, month, year, hh, mm, ss, sign, oh, om = m.groups()
+    number = _MONTHS.get(month.lower())
+    if number is None:
+        return None
+    offset = timedelta(hours=int(oh), minutes=int(om)) * (1 if sign == b"+" else -1)
+    try:
+        return datetime(int(year), number, int(day), int(hh), int(mm), int(ss),
+                        tzinfo=timezone(offset))
+    except ValueError:
+        return None
+
+
+def is_substitute(body: bytes) -> bool:
+    """True if ``body`` is a server-made stand-in for a message (Exchange's
+    "Retrieval using the IMAP4 protocol failed"), judged on its header."""
+    head = body[:16384]
+    end = head.find(b"\r\n\r\n")
+    if end < 0:
+        end = head.find(b"\n\n")
+    return _SUBSTITUTE_SUBJECT.search(head if end < 0 else head[:end]) is not None
 
 
 def uid_set(uids: Sequence[int]) -> str:

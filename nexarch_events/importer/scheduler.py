@@ -12,12 +12,24 @@ Runs of one mailbox never overlap, also across processes and machines: each
 run holds the mailbox's advisory lock (``sync.run_sync``).
 
 Failures are per mailbox: a runner logs, records the error on the mailbox
-state (run_sync does), and retries with backoff (2 s doubling, capped by
-``import.backoff_max`` and the interval). A bug (any other exception) is not
-swallowed: it propagates and takes the scheduler's nursery down.
+state (also one that happens before a sync starts: the password reference,
+connect, TLS, login), and retries with backoff (2 s doubling, capped by
+``import.backoff_max`` and the interval; reset by the next successful run).
+A bug (any other exception) is not swallowed: it propagates and takes the
+scheduler's nursery down.
 
-"Sync now" (``nexarch_import_requests``) wakes the runner at once; an IDLE
-runner drops its IDLE connection for that and reconnects.
+"Sync now" (``nexarch_import_requests``) wakes a healthy runner at once, or
+``request_min_gap`` (default ``REQUEST_MIN_GAP``) after its last run began if
+that is later; an IDLE runner drops its IDLE connection for that and
+reconnects. A request
+never shortens the backoff of a failing mailbox (guarantee 13: one click
+must not become a login storm that gets the account locked), and every
+attempt clears the request, whatever its outcome.
+
+IDLE that keeps failing (a server that says BYE on every IDLE) is given up
+after ``idle_failures`` (default ``IDLE_FAILURES``) failures in a row: the
+runner syncs at the interval instead, records "idle unavailable: ..." on the
+mailbox state, and tries IDLE again after ``IDLE_RETRY_AFTER`` seconds.
 """
 
 from __future__ import annotations
@@ -47,6 +59,16 @@ Key = tuple[str, str]
 RunObserver = Callable[[MailboxConfig, SyncReport], None]
 
 _RETRYABLE = (ImapError, DatabaseError, MailboxBusy, ConfigurationError)
+#: IDLE failures in a row (each after a successful sync) before a runner
+#: falls back to its interval ...
+IDLE_FAILURES = 5
+#: ... for this many seconds.
+IDLE_RETRY_AFTER = 3600.0
+_FIRST_BACKOFF = 2.0
+#: A "sync now" starts a run no sooner than this many seconds after the
+#: previous run began: a burst of requests (a button clicked 20 times) is
+#: one or two runs, not one login each.
+REQUEST_MIN_GAP = 5.0
 
 
 class ImportScheduler:
@@ -54,8 +76,12 @@ class ImportScheduler:
 
     def __init__(self, db: Database, settings: ImportSettings, *, secret_key: str | None = None,
                  listener: Listener | None = None, limits: ImportLimits | None = None,
-                 on_run: RunObserver | None = None, metrics: Metrics | None = None) -> None:
+                 on_run: RunObserver | None = None, metrics: Metrics | None = None,
+                 idle_failures: int = IDLE_FAILURES,
+                 request_min_gap: float = REQUEST_MIN_GAP) -> None:
         self.db = db
+        self.idle_failures = idle_failures
+        self.request_min_gap = request_min_gap
         self.settings = settings
         self.secret_key = secret_key
         self.listener = listener
@@ -154,22 +180,38 @@ class _Runner:
         self.idling = False
         self._wake = trio.Event()
         self._idle_scope: trio.CancelScope | None = None
-        self._server_has_idle = True
+        self._backoff = _FIRST_BACKOFF
+        #: IDLE is not tried before this trio time (server without IDLE, or
+        #: IDLE kept failing).
+        self._no_idle_until = float("-inf")
+        self._idle_failures = 0
+        self._idle_status_shown = False
+        self._last_run = float("-inf")
         #: Kept across sessions: an OAuth2 token is fetched once and reused.
         self.sign_in = SignIn(config, secret_key=scheduler.secret_key)
+
+    @property
+    def _server_has_idle(self) -> bool:
+        return trio.current_time() >= self._no_idle_until
 
     def wake(self) -> None:
         self._wake.set()
         if self._idle_scope is not None:
-            self._idle_scope.cancel()
+            self._drop_idle_soon(self._idle_scope)
+
+    def _drop_idle_soon(self, scope: trio.CancelScope) -> None:
+        # Dropping IDLE costs a reconnect and a login: not sooner than
+        # REQUEST_MIN_GAP after the last run began.
+        scope.deadline = min(scope.deadline, self._last_run + self.scheduler.request_min_gap)
 
     async def run(self) -> None:
         s = self.scheduler.settings
-        backoff = 2.0
         with self.cancel_scope:
             # Spread the first runs of many mailboxes a little.
             await trio.sleep(random.uniform(0, 0.2))
             while True:
+                # A request pending now is answered by this attempt.
+                self._wake = trio.Event()
                 try:
                     if self.config.use_idle and self._server_has_idle:
                         try:
@@ -181,21 +223,39 @@ class _Runner:
                                 await self._idle_loop()
                             finally:
                                 self.scheduler._idle_slots.release()
-                            backoff = 2.0
                             continue
                     await self._sync()
-                    backoff = 2.0
                     await self._wait(await self._interval() * random.uniform(0.9, 1.1))
                 except _RETRYABLE as exc:
-                    delay = min(backoff, s.backoff_max, float(await self._interval_or(300)))
-                    backoff *= 2
+                    delay = min(self._backoff, s.backoff_max,
+                                float(await self._interval_or(300)))
+                    self._backoff *= 2
                     log.warning("importer: mailbox %s: %s; retry in %.0f s",
                                 self.config.describe(), exc, delay)
-                    await self._wait(delay * random.uniform(0.8, 1.2))
+                    # Not self._wait(): a "sync now" must not cut the backoff
+                    # short (guarantee 13). The attempt after it serves it.
+                    await trio.sleep(delay * random.uniform(0.8, 1.2))
+
+    async def _record_failure(self, error: str) -> None:
+        try:
+            await StateStore(self.scheduler.db).failed_before_run(
+                self.config.tenant_slug, self.config.name, error)
+        except DatabaseError as db_exc:
+            log.warning("importer: mailbox %s: cannot record %r: %s",
+                        self.config.describe(), error, db_exc)
+
+    async def _set_idle_status(self, status: str | None) -> None:
+        try:
+            await StateStore(self.scheduler.db).set_idle_status(
+                self.config.tenant_slug, self.config.name, status)
+        except DatabaseError as exc:
+            log.warning("importer: mailbox %s: cannot record IDLE status: %s",
+                        self.config.describe(), exc)
 
     async def _sync(self, session: ImapSession | None = None) -> SyncReport:
         s = self.scheduler.settings
         self._wake = trio.Event()
+        self._last_run = trio.current_time()
         metrics = self.scheduler.metrics
         try:
             report = await run_sync(self.scheduler.db, self.config, self.sign_in, session=session,
@@ -206,6 +266,7 @@ class _Runner:
                 metrics.count_import_run(self.config.tenant_slug, self.config.name, ok=False,
                                          imported=0)
             raise
+        self._backoff = _FIRST_BACKOFF  # a success ends a failure streak
         if metrics is not None:
             metrics.count_import_run(self.config.tenant_slug, self.config.name, ok=True,
                                      imported=report.imported + report.recovered)
@@ -219,6 +280,9 @@ class _Runner:
         server without IDLE, or a token about to expire: the next session
         signs in with a fresh one); raises when it broke."""
         s = self.scheduler.settings
+        store = StateStore(self.scheduler.db)
+        await store.get_or_create(self.config.tenant_slug, self.config.name)
+        await store.attempt_started(self.config.tenant_slug, self.config.name)
         session = await self._open()
         deadline = self.sign_in.session_deadline()
         ends_at = math.inf if deadline is None else trio.current_time() + deadline
@@ -226,7 +290,10 @@ class _Runner:
             if "IDLE" not in session.capabilities:
                 log.info("importer: %s: server has no IDLE; syncing at the interval",
                          self.config.describe())
-                self._server_has_idle = False
+                self._no_idle_until = trio.current_time() + IDLE_RETRY_AFTER
+                self._idle_status_shown = True
+                await self._set_idle_status("idle unavailable: the server does not offer "
+                                            "IDLE; syncing at the interval")
                 return
             self.idling = True
             while True:
@@ -237,9 +304,19 @@ class _Runner:
                 with trio.CancelScope() as scope:
                     self._idle_scope = scope
                     if self._wake.is_set():
-                        scope.cancel()
-                    await session.idle(min(s.idle_refresh, float(await self._interval()), left))
+                        self._drop_idle_soon(scope)
+                    try:
+                        await session.idle(min(s.idle_refresh, float(await self._interval()),
+                                               left))
+                    except ImapError as exc:
+                        await self._idle_failed(exc)
+                        raise
                 self._idle_scope = None
+                if not scope.cancelled_caught:
+                    self._idle_failures = 0
+                    if self._idle_status_shown:
+                        self._idle_status_shown = False
+                        await self._set_idle_status(None)
                 if scope.cancelled_caught:
                     return  # woken mid-IDLE: the session is gone; reconnect, sync
         finally:
@@ -256,14 +333,21 @@ class _Runner:
             return await self.sign_in.open(self.config.endpoint(timeout=s.imap_timeout))
         except (ImapError, ConfigurationError) as exc:
             with trio.move_on_after(5, shield=True):
-                store = StateStore(self.scheduler.db)
-                try:
-                    await store.get_or_create(self.config.tenant_slug, self.config.name)
-                    await store.finish(self.config.tenant_slug, self.config.name,
-                                       error=str(exc), warning=None)
-                except DatabaseError:
-                    pass
+                await self._record_failure(str(exc))
             raise
+
+    async def _idle_failed(self, exc: ImapError) -> None:
+        self._idle_failures += 1
+        failures = self.scheduler.idle_failures
+        if self._idle_failures < failures:
+            return
+        self._idle_failures = 0
+        self._no_idle_until = trio.current_time() + IDLE_RETRY_AFTER
+        log.warning("importer: mailbox %s: IDLE failed %d times in a row (%s); syncing at "
+                    "the interval, IDLE again in %.0f s", self.config.describe(), failures,
+                    exc, IDLE_RETRY_AFTER)
+        self._idle_status_shown = True
+        await self._set_idle_status(f"idle unavailable: {exc}; syncing at the interval")
 
     async def _interval(self) -> int:
         state = await StateStore(self.scheduler.db).get_or_create(self.config.tenant_slug,
@@ -277,5 +361,8 @@ class _Runner:
             return default
 
     async def _wait(self, seconds: float) -> None:
+        """Up to ``seconds``; a "sync now" ends it early, but not sooner than
+        REQUEST_MIN_GAP after the last run began."""
         with trio.move_on_after(seconds):
             await self._wake.wait()
+            await trio.sleep_until(self._last_run + self.scheduler.request_min_gap)

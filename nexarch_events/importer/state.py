@@ -60,6 +60,11 @@ class SyncState:
     last_error: str | None = None
     warning: str | None = None
     sync_requested_at: datetime | None = None
+    #: Why the runner does not hold IDLE ("idle unavailable: ..."), or None.
+    idle_status: str | None = None
+    #: Messages per FETCH (None: the default); adapts to servers that cut replies.
+    fetch_window: int | None = None
+    last_attempt_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row) -> SyncState:
@@ -73,6 +78,7 @@ class RunStart:
     mode: str
     last_synced_uid: int
     old_uidvalidity: int
+    fetch_window: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,14 +136,19 @@ class StateStore:
         row = await self.db.fetchrow(_SQL["begin"], tenant_slug, mailbox_name, uidvalidity,
                                      uidnext, exists)
         assert row is not None
-        return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"])
+        return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"],
+                        row["fetch_window"])
 
     async def import_message(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
-                             uid: int | None, mode: str, raw: bytes) -> Archived:
-        """Archive + index job + location + (mode "new") advance to ``uid`` +
-        NOTIFY: one statement, one transaction."""
+                             uid: int | None, mode: str, raw: bytes, *,
+                             internaldate: datetime | None = None,
+                             note: str | None = None) -> Archived:
+        """Archive + index job + location (with its INTERNALDATE and note) +
+        (mode "new") advance to ``uid`` + NOTIFY: one statement, one
+        transaction."""
         row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
-                                     uidvalidity, uid, mode, content_hash(raw), len(raw), raw)
+                                     uidvalidity, uid, mode, content_hash(raw), len(raw), raw,
+                                     internaldate, note)
         assert row is not None
         return Archived(archive_id=row["archive_id"], created=row["created"],
                         job_id=None if row["job_id"] is None else JobId(row["job_id"]),
@@ -159,6 +170,34 @@ class StateStore:
 
     async def failures(self, tenant_slug: str, mailbox_name: str) -> Sequence[Row]:
         return await self.db.fetch(_SQL["failures"], tenant_slug, mailbox_name)
+
+    async def retry_failure(self, tenant_slug: str, mailbox_name: str, uid: int) -> bool:
+        """Reset one recorded failure's attempts (the next runs retry it).
+        False if there is no such failure."""
+        _check(tenant_slug, mailbox_name)
+        return bool(await self.db.fetch(_SQL["failure_retry"], tenant_slug, mailbox_name, uid))
+
+    async def clear_failure(self, tenant_slug: str, mailbox_name: str, uid: int) -> bool:
+        """Forget one recorded failure. False if there is no such failure."""
+        _check(tenant_slug, mailbox_name)
+        return bool(await self.db.fetch(_SQL["failure_clear"], tenant_slug, mailbox_name, uid))
+
+    async def attempt_started(self, tenant_slug: str, mailbox_name: str) -> None:
+        """An attempt begins: clears a pending "sync now" (it is answered)."""
+        await self.db.execute(_SQL["attempt_started"], tenant_slug, mailbox_name)
+
+    async def failed_before_run(self, tenant_slug: str, mailbox_name: str, error: str) -> None:
+        """Record an attempt that failed before reaching the server."""
+        await self.get_or_create(tenant_slug, mailbox_name)
+        await self.db.execute(_SQL["failed_before_run"], tenant_slug, mailbox_name, error[:2000])
+
+    async def set_idle_status(self, tenant_slug: str, mailbox_name: str,
+                              status: str | None) -> None:
+        await self.db.execute(_SQL["set_idle_status"], tenant_slug, mailbox_name,
+                              None if status is None else status[:2000])
+
+    async def set_fetch_window(self, tenant_slug: str, mailbox_name: str, window: int) -> None:
+        await self.db.execute(_SQL["set_fetch_window"], tenant_slug, mailbox_name, window)
 
     async def try_run_lock(self, tenant_slug: str, mailbox_name: str) -> bool:
         """The run lock (session level: held until unlocked or the connection

@@ -22,6 +22,24 @@ Nothing a server says is taken on trust:
 - ``BODY[] NIL``, an empty body, or no data at all: a per-message failure,
   recorded in the same transaction that advances past it, retried every run;
   later messages go on.
+- A body whose length differs from the RFC822.SIZE the server reported for
+  it, or a server-made substitute (Exchange's "Retrieval using the IMAP4
+  protocol failed" message): the same kind of failure, never archived as
+  the message. If a server keeps sending the same length that disagrees with
+  its own RFC822.SIZE, the body is archived on the ``accept_mismatch_after``-th
+  attempt, its location marked ``size mismatch: ...`` (an honest server
+  whose size count is simply wrong would otherwise never be archived). A
+  substitute is never archived; after ``max_failure_attempts`` it waits for
+  an operator (``mailbox failures --retry/--clear``).
+- Throttling (``NO [UNAVAILABLE]``, ``[THROTTLED]``, ``[LIMIT]``,
+  ``[INUSE]``): the same command is repeated in the same session after the
+  server's suggested wait (capped by ``throttle_max_wait``), at most
+  ``throttle_retries`` times; then the run fails with a "throttled" error.
+- ``* n EXISTS`` inside any reply (mail arrived while we were busy): another
+  delta pass before the run ends, so an IDLE runner never re-enters IDLE
+  with mail the server will not announce again.
+- An unsolicited ``* n FETCH (FLAGS (...))`` without UID (RFC 3501 §7.4.2)
+  is a flag update, not an anomaly: ignored.
 
 A crash at any point loses at most the message in flight: everything before
 it committed with its advance; nothing after it was written.
@@ -30,20 +48,29 @@ it committed with its advance; nothing after it was written.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import ParamSpec, TypeVar
 
 import trio
 
 from ..aio import Connection, Database
-from ..aio.imap import ImapSession
-from ..errors import ConfigurationError, DatabaseError, ImapError, NexarchError
+from ..aio.imap import ImapSession, ReplyPart
+from ..errors import (
+    ConfigurationError,
+    DatabaseError,
+    ImapError,
+    ImapThrottled,
+    ImapUnavailable,
+    NexarchError,
+)
 from ..mail.archive import MAX_MESSAGE_BYTES
 from .mailboxes import MailboxConfig
 from .protocol import (
     MAX_UID,
     FetchedItem,
+    is_substitute,
     mailbox_argument,
     parse_examine,
     parse_fetch,
@@ -51,12 +78,15 @@ from .protocol import (
     uid_set,
 )
 from .signin import SignIn
-from .state import StateStore
+from .state import PendingFailure, StateStore
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+P = ParamSpec("P")
 
 _SIZES = "(UID RFC822.SIZE)"
-_BODIES = "(UID RFC822.SIZE BODY.PEEK[])"
+_BODIES = "(UID RFC822.SIZE INTERNALDATE BODY.PEEK[])"
+_MISMATCH = "size mismatch"
 
 
 class MailboxBusy(NexarchError):
@@ -77,6 +107,20 @@ class ImportLimits:
     max_failure_attempts: int = 10
     #: Longest wait for one body batch.
     fetch_timeout: float = 300.0
+    #: A body whose length disagrees with RFC822.SIZE is archived (marked)
+    #: on this attempt, if every attempt before failed the same way.
+    accept_mismatch_after: int = 3
+    #: A throttled command is repeated this many times in the session ...
+    throttle_retries: int = 4
+    #: ... after the server's suggested wait, capped at this many seconds ...
+    throttle_max_wait: float = 60.0
+    #: ... or after this long when the server suggests nothing.
+    throttle_default_wait: float = 5.0
+    #: Delta passes per run while the server keeps announcing new mail.
+    max_passes: int = 10
+    #: After a cut reply the fetch window (messages per FETCH, at most
+    #: probe_chunk) halves; it doubles again after this many clean replies.
+    window_grow_after: int = 4
 
 
 @dataclass(slots=True)
@@ -95,6 +139,10 @@ class SyncReport:
     failed: int = 0
     #: Bodies archived by content only (their UID could not be trusted).
     untrusted: int = 0
+    #: Commands the server throttled (each one waited and repeated).
+    throttled: int = 0
+    #: Delta passes (more than one: mail arrived during the run).
+    passes: int = 0
     last_synced_uid: int = 0
     warnings: list[str] = field(default_factory=list)
 
@@ -115,7 +163,8 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
     before that stays committed."""
     tenant, name = config.tenant_slug, config.name
     report = SyncReport(tenant, name)
-    status = parse_examine(await session.examine(mailbox_argument(config.folder)))
+    folder = mailbox_argument(config.folder)
+    status = parse_examine(await patiently(limits, report, session.examine, folder))
     start = await store.begin(tenant, name, status.uidvalidity, status.uidnext, status.exists)
     report.mode, report.uidvalidity = start.mode, status.uidvalidity
     report.last_synced_uid = start.last_synced_uid
@@ -130,17 +179,92 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
         report.warn(f"UIDVALIDITY changed from {start.old_uidvalidity} to "
                     f"{status.uidvalidity}: full resync, archived messages re-mapped "
                     "by content hash")
-    run = _Run(store, config, session, limits, report, status.uidvalidity)
+    window = _Window(store, tenant, name, start.fetch_window, limits)
+    run = _Run(store, config, session, limits, report, status.uidvalidity, window)
     await run.retry_failures()
-    await run.import_above(start.last_synced_uid)
+    while True:
+        seen = session.exists_seen
+        await run.import_above(report.last_synced_uid)
+        report.passes += 1
+        # EXISTS during the pass: mail arrived after our UID SEARCH. The
+        # server will not announce it again, so fetch it now.
+        if session.exists_seen == seen or report.passes >= limits.max_passes:
+            break
     return report
+
+
+async def patiently(limits: ImportLimits, report: SyncReport,
+                    fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn(*args, **kwargs)``, repeated after the server's suggested wait while it is
+    throttled (at most ``limits.throttle_retries`` times). Blocks in
+    trio.sleep between attempts; cancellation ends the wait."""
+    attempt = 0
+    while True:
+        try:
+            return await fn(*args, **kwargs)
+        except ImapThrottled as exc:
+            report.throttled += 1
+            if attempt >= limits.throttle_retries:
+                raise ImapThrottled(f"{exc} (still throttled after {attempt} retries)",
+                                    code=exc.code, wait=exc.wait) from None
+            attempt += 1
+            wait = exc.wait if exc.wait is not None else limits.throttle_default_wait
+            wait = max(0.0, min(wait, limits.throttle_max_wait))
+            log.info("mailbox %s/%s: server throttles (%s); retrying in %.1f s",
+                     report.tenant_slug, report.mailbox_name, exc.code, wait)
+            await trio.sleep(wait)
+
+
+class _Window:
+    """Messages per FETCH. Providers end sessions mid-reply on bandwidth
+    limits (Gmail: ``* BYE`` inside a FETCH reply); asking for the same 200
+    again would be cut again, forever. Persisted on the mailbox state."""
+
+    def __init__(self, store: StateStore, tenant: str, name: str, size: int | None,
+                 limits: ImportLimits) -> None:
+        self.store, self.tenant, self.name = store, tenant, name
+        self.full = max(1, limits.probe_chunk)
+        self.size = min(size or self.full, self.full)
+        self.grow_after = limits.window_grow_after
+        self.clean_replies = 0
+
+    async def cut(self, received: int) -> int:
+        """A reply was cut after ``received`` responses: at least halve (the
+        server demonstrably delivers ``received`` at a time)."""
+        self.clean_replies = 0
+        new = max(1, min(self.size // 2, received))
+        if new != self.size:
+            self.size = new
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await self.store.set_fetch_window(self.tenant, self.name, new)
+                except DatabaseError as exc:
+                    log.warning("mailbox %s/%s: cannot store the fetch window: %s",
+                                self.tenant, self.name, exc)
+        return self.size
+
+    async def clean(self) -> None:
+        if self.size >= self.full:
+            return
+        self.clean_replies += 1
+        if self.clean_replies >= self.grow_after:
+            self.clean_replies = 0
+            self.size = min(self.full, self.size * 2)
+            await self.store.set_fetch_window(self.tenant, self.name, self.size)
 
 
 class _Run:
     def __init__(self, store: StateStore, config: MailboxConfig, session: ImapSession,
-                 limits: ImportLimits, report: SyncReport, uidvalidity: int) -> None:
+                 limits: ImportLimits, report: SyncReport, uidvalidity: int,
+                 window: _Window) -> None:
         self.store, self.config, self.session = store, config, session
         self.limits, self.report, self.uidvalidity = limits, report, uidvalidity
+        self.window = window
+        self.pending: dict[int, PendingFailure] = {}
+
+    async def _imap(self, fn: Callable[P, Awaitable[T]], *args: P.args,
+                    **kwargs: P.kwargs) -> T:
+        return await patiently(self.limits, self.report, fn, *args, **kwargs)
 
     async def retry_failures(self) -> None:
         pending = await self.store.pending_failures(
@@ -148,13 +272,15 @@ class _Run:
             self.limits.max_failure_attempts)
         if not pending:
             return
+        self.pending = {p.uid: p for p in pending}
         uids = [p.uid for p in pending]
         await self._import(uids, retry=True)
 
     async def import_above(self, watermark: int) -> None:
         if watermark >= MAX_UID:
             return
-        found = parse_search(await self.session.uid_search(f"UID {watermark + 1}:*"))
+        found = parse_search(await self._imap(self.session.uid_search,
+                                              f"UID {watermark + 1}:*"))
         # "n:*" includes the highest UID even when it is below n (RFC 3501
         # §9, seq-range): that message is already imported. UID 0 and
         # out-of-range values are not UIDs.
@@ -164,25 +290,78 @@ class _Run:
         await self._import(uids, retry=False)
 
     async def _import(self, uids: Sequence[int], *, retry: bool) -> None:
-        for chunk in _chunks(uids, self.limits.probe_chunk):
+        i = 0
+        while i < len(uids):
+            chunk = uids[i:i + min(self.limits.probe_chunk, self.window.size)]
             sizes = await self._probe(chunk)
-            for batch in _batches(chunk, sizes, self.limits):
+            limits = replace(self.limits,
+                             batch_messages=min(self.limits.batch_messages, self.window.size))
+            for batch in _batches(chunk, sizes, limits):
                 await self._fetch_and_store(batch, retry=retry)
+            i += len(chunk)
+
+    async def _fetch(self, uids: Sequence[int], items: str,
+                     on_item: Callable[[FetchedItem], Awaitable[None]], *,
+                     limit: float | None = None) -> None:
+        """One UID FETCH, each response parsed and handed to ``on_item`` as
+        it completes. A reply cut mid-way shrinks the fetch window (persisted)
+        and fails the run with an error that says so; clean replies grow it."""
+        received = 0
+
+        async def on_response(parts: list[ReplyPart]) -> None:
+            nonlocal received
+            for item in parse_fetch(parts):
+                received += 1
+                await on_item(item)
+
+        try:
+            await self._imap(self.session.uid_fetch_each, uid_set(uids), items, on_response,
+                             limit=limit)
+        except ImapThrottled:
+            raise
+        except ImapUnavailable as exc:
+            shrunk = await self.window.cut(received)
+            raise ImapUnavailable(f"{exc}; the reply was cut after {received} of {len(uids)} "
+                                  f"message(s): asking for {shrunk} per FETCH from now "
+                                  "on") from None
+        await self.window.clean()
 
     async def _probe(self, uids: Sequence[int]) -> dict[int, int]:
-        items = parse_fetch(await self.session.uid_fetch(uid_set(uids), _SIZES))
         wanted = set(uids)
-        return {i.uid: i.size or 0 for i in items if i.uid in wanted}
+        sizes: dict[int, int] = {}
+
+        async def on_item(item: FetchedItem) -> None:
+            if item.uid in wanted:
+                sizes[item.uid] = item.size or 0
+
+        await self._fetch(uids, _SIZES, on_item)
+        return sizes
 
     async def _fetch_and_store(self, uids: Sequence[int], *, retry: bool) -> None:
-        parts = await self.session.uid_fetch(uid_set(uids), _BODIES,
-                                             limit=self.limits.fetch_timeout)
-        items = parse_fetch(parts)
-        del parts
-        by_uid: dict[int, FetchedItem] = {}
-        order: list[int] = []
+        """Bodies of ``uids`` (ascending). Each message commits as soon as
+        its response is complete and every UID before it is settled, so a
+        cut costs at most the message in flight; responses that come out of
+        UID order wait for the ones before them (notifications per mailbox
+        must ascend)."""
         wanted = set(uids)
-        for item in items:
+        arrived: dict[int, FetchedItem] = {}
+        settled: set[int] = set()
+        order: list[int] = []
+        next_index = 0
+
+        async def settle_ready() -> None:
+            nonlocal next_index
+            while next_index < len(uids) and uids[next_index] in arrived:
+                uid = uids[next_index]
+                next_index += 1
+                await self._store(uid, arrived.pop(uid), retry=retry)
+                settled.add(uid)
+
+        async def on_item(item: FetchedItem) -> None:
+            if item.uid is None and item.body is None:
+                # An unsolicited flag update of some message (RFC 3501
+                # §7.4.2): legal, and not ours to read.
+                return
             if item.uid is None or item.uid == 0:
                 await self._untrusted(item)
             elif item.uid not in wanted:
@@ -190,33 +369,61 @@ class _Run:
                 # own UID when it is due.
                 self.report.warn(f"FETCH returned UID {item.uid}, which was not asked for "
                                  "(ignored)")
-            elif item.uid in by_uid:
+            elif item.uid in arrived or item.uid in settled:
                 self.report.warn(f"FETCH returned UID {item.uid} twice (first one kept)")
             else:
-                by_uid[item.uid] = item
+                arrived[item.uid] = item
+                if order and item.uid < order[-1]:
+                    self.report.warn("FETCH responses came out of UID order; imported in "
+                                     "UID order")
                 order.append(item.uid)
-        if order != sorted(order):
-            self.report.warn("FETCH responses came out of UID order; imported in UID order")
-        del items
-        for uid in uids:
-            got = by_uid.pop(uid, None)
-            problem = _problem(got)
-            if problem is not None:
-                await self._failed(uid, problem, retry=retry)
-                continue
-            assert got is not None and got.body is not None
-            if got.size is not None and got.size != len(got.body):
-                self.report.warn(f"UID {uid}: RFC822.SIZE {got.size} but {len(got.body)} "
-                                 "bytes received")
-            archived = await self.store.import_message(
-                self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
-                "recovered" if retry else "new", got.body)
-            if retry:
-                self.report.recovered += 1
+                await settle_ready()
+
+        await self._fetch(uids, _BODIES, on_item, limit=self.limits.fetch_timeout)
+        for uid in uids[next_index:]:
+            got = arrived.pop(uid, None)
+            if got is None:
+                await self._failed(uid, _problem(None) or "", retry=retry)
             else:
-                self.report.imported += 1
-                self.report.duplicates += not archived.created
-                self.report.last_synced_uid = uid
+                await self._store(uid, got, retry=retry)
+
+    async def _store(self, uid: int, got: FetchedItem, *, retry: bool) -> None:
+        problem = _problem(got)
+        note = None
+        if problem is None:
+            assert got.body is not None
+            problem = _suspicious(got)
+            if problem is not None and self._accept_mismatch(uid, problem):
+                note = f"{problem} (archived after {self.limits.accept_mismatch_after} " \
+                       "attempts with the same result)"
+                problem = None
+        if problem is not None:
+            await self._failed(uid, problem, retry=retry)
+            return
+        assert got.body is not None
+        if note is not None:
+            self.report.warn(f"UID {uid}: {note}")
+        archived = await self.store.import_message(
+            self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
+            "recovered" if retry else "new", got.body, internaldate=got.internaldate,
+            note=note)
+        if retry:
+            self.report.recovered += 1
+        else:
+            self.report.imported += 1
+            self.report.duplicates += not archived.created
+            self.report.last_synced_uid = uid
+
+    def _accept_mismatch(self, uid: int, problem: str) -> bool:
+        """A size mismatch seen on every attempt so far, on the attempt that
+        reaches the limit: the server will never say otherwise."""
+        if not problem.startswith(_MISMATCH):
+            return False
+        before = self.pending.get(uid)
+        attempts = 0
+        if before is not None and before.last_error.startswith(_MISMATCH):
+            attempts = before.attempts
+        return attempts + 1 >= self.limits.accept_mismatch_after
 
     async def _untrusted(self, item: FetchedItem) -> None:
         self.report.warn("FETCH returned a message with UID 0 or no UID: UIDs of this "
@@ -251,6 +458,17 @@ def _problem(item: FetchedItem | None) -> str | None:
     return None
 
 
+def _suspicious(item: FetchedItem) -> str | None:
+    """Why a body that did arrive is not the message, or None."""
+    assert item.body is not None
+    if is_substitute(item.body):
+        return ("the server sent a substitute instead of the message (\"Retrieval using the "
+                f"IMAP4 protocol failed\", {len(item.body)} bytes, RFC822.SIZE {item.size})")
+    if item.size is not None and item.size != len(item.body):
+        return f"{_MISMATCH}: RFC822.SIZE {item.size}, received {len(item.body)} bytes"
+    return None
+
+
 async def _unstable_pass(store: StateStore, config: MailboxConfig, session: ImapSession,
                          exists: int, limits: ImportLimits, report: SyncReport) -> None:
     """Every message, by sequence number, archived by content hash. UIDs are
@@ -258,29 +476,31 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
     the watermark."""
     for first in range(1, exists + 1, limits.probe_chunk):
         last = min(exists, first + limits.probe_chunk - 1)
-        probe = parse_fetch(await session.fetch(f"{first}:{last}", _SIZES))
+        probe = parse_fetch(await patiently(limits, report, session.fetch,
+                                            f"{first}:{last}", _SIZES))
         sizes = {i.seq: i.size or 0 for i in probe}
         seqs = list(range(first, last + 1))
         for batch in _batches(seqs, sizes, limits):
-            items = parse_fetch(await session.fetch(uid_set(batch), _BODIES,
-                                                    limit=limits.fetch_timeout))
+            items = parse_fetch(await patiently(limits, report, session.fetch, uid_set(batch),
+                                                _BODIES, limit=limits.fetch_timeout))
             for item in sorted(items, key=lambda i: i.seq):
-                if _problem(item) is not None:
+                if item.uid is None and item.body is None and item.seq not in batch:
+                    continue  # an unsolicited flag update
+                problem = _problem(item) or _suspicious(item)
+                if problem is not None:
+                    # No UID to record a failure under: the next pass (every
+                    # run is a full pass) tries it again.
                     report.warn(f"message {item.seq} (UID {item.uid}) could not be fetched: "
-                                f"{_problem(item)}")
+                                f"{problem}")
                     report.failed += 1
                     continue
                 assert item.body is not None
                 uid = item.uid if item.uid is not None and 1 <= item.uid <= MAX_UID else None
                 archived = await store.import_message(config.tenant_slug, config.name, 0, uid,
-                                                      "unstable", item.body)
+                                                      "unstable", item.body,
+                                                      internaldate=item.internaldate)
                 report.imported += archived.created or archived.location_added
                 report.duplicates += not archived.created
-
-
-def _chunks(items: Sequence[int], size: int) -> Iterator[Sequence[int]]:
-    for i in range(0, len(items), size):
-        yield items[i:i + size]
 
 
 def _batches(keys: Sequence[int], sizes: dict[int, int],
@@ -363,6 +583,7 @@ async def _locked_run(store: StateStore, config: MailboxConfig, sign_in: SignIn,
     # A run that fails before mail_import_begin (connect, TLS, login,
     # EXAMINE) must still find a state row to record its error on.
     await store.get_or_create(config.tenant_slug, config.name)
+    await store.attempt_started(config.tenant_slug, config.name)
     own = session is None
     try:
         if session is None:

@@ -61,6 +61,8 @@ class StoredMessage:
     raw: bytes
     size_bytes: int
     mailboxes: tuple[str, ...]
+    #: The earliest INTERNALDATE of its locations (None: unknown).
+    received_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +112,8 @@ class Archive:
             return {}
         rows = await self.db.fetch(_SQL["load"], [t for t, _ in keys], [i for _, i in keys])
         return {row["id"]: StoredMessage(row["id"], row["tenant_slug"], bytes(row["raw"]),
-                                         row["size_bytes"], tuple(row["mailboxes"]))
+                                         row["size_bytes"], tuple(row["mailboxes"]),
+                                         row["received_at"])
                 for row in rows}
 
     async def delete(self, tenant_slug: str, archive_id: int) -> JobId | None:

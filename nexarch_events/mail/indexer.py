@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import trio
 
@@ -62,6 +63,9 @@ def _parse(stored: StoredMessage, max_text_chars: int
     document = mime.to_index_document(parsed, archive_id=stored.archive_id,
                                       tenant_slug=stored.tenant_slug,
                                       mailboxes=stored.mailboxes, size_bytes=stored.size_bytes)
+    if document.sent_at is None and stored.received_at is not None:
+        # No (usable) Date header: the server's received date is the best we have.
+        document = replace(document, sent_at=stored.received_at)
     return document, None, parsed.notes
 
 

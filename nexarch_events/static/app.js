@@ -166,6 +166,7 @@
     else if (m.warning) { state = "warning"; detail = m.warning; }
     else if (!m.last_success_at) { state = "warning"; detail = "not synced yet"; }
     if (m.failures) detail += ` (${m.failures} message(s) failing)`;
+    if (m.idle_status) detail += ` — ${m.idle_status}`;
     const lag = m.pending_messages === null ? "–" : `${m.pending_messages} msg`;
     const sync = el("button", {type: "button", className: "quiet"}, "Sync now");
     sync.addEventListener("click", async () => {

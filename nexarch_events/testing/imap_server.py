@@ -24,8 +24,13 @@ never numeric ranges, so sparse UIDs such as 4000000000 are cheap.
 Faults (``Faults``, mutable between connections) bend replies: no or zero
 UIDVALIDITY, no UIDNEXT, wrong or descending UIDs in FETCH, FETCH without
 data, a connection cut mid-literal, ``* BYE`` after ``+ idling`` and a
-server that goes silent at a chosen command. ``Faults().uidvalidity`` is
-also simply the mailbox's UIDVALIDITY.
+server that goes silent at a chosen command; and what providers do:
+throttling answers (Office 365's ``NO [UNAVAILABLE] ... Suggested Backoff
+Time``, Gmail's ``[THROTTLED]``), Exchange's substitute body for a message
+it cannot convert, unsolicited ``FETCH (FLAGS ...)`` without UID, and a
+``* BYE`` in the middle of a FETCH reply (bandwidth limits). Like Dovecot,
+it announces new mail (``* n EXISTS``) in the reply to any FETCH, SEARCH or
+NOOP. ``Faults().uidvalidity`` is also simply the mailbox's UIDVALIDITY.
 
 Not for untrusted clients: it keeps everything in memory and bounds nothing.
 """
@@ -33,7 +38,7 @@ Not for untrusted clients: it keeps everything in memory and bounds nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
@@ -41,7 +46,7 @@ from typing import Literal
 import trio
 
 __all__ = ["Faults", "ScriptedImapServer", "ScriptedMessage", "open_scripted_imap",
-           "resolve_uid_set"]
+           "resolve_uid_set", "substitute_body"]
 
 _LITERAL = re.compile(rb"\{(\d+)(\+?)\}$")
 _BODY_ITEM = re.compile(r"\bBODY(\.PEEK)?\[\]|\bRFC822(?![.\w])")
@@ -55,6 +60,7 @@ class ScriptedMessage:
     body: bytes | None  # None: the server answers ``BODY[] NIL``
     size: int | None = None  # RFC822.SIZE reported; None: len(body), or 0 without a body
     flags: set[str] = field(default_factory=set)
+    internaldate: str = "01-Jan-2024 10:00:00 +0000"
 
     @property
     def reported_size(self) -> int:
@@ -74,6 +80,23 @@ class Faults:
     silent_after: str | None = None  # at this command (e.g. "UID FETCH"): never answer again
     empty_fetch_uids: set[int] = field(default_factory=set)  # FETCH OK but no data for these
     no_idle_capability: bool = False  # IDLE not advertised (and answered BAD)
+    # Throttling: the first ``throttle_times`` commands named ``throttle_command``
+    # (e.g. "UID FETCH") of each connection answer
+    # ``NO [<throttle_code>] Request is throttled.`` plus, unless None,
+    # ``Suggested Backoff Time: <throttle_backoff_ms> milliseconds``.
+    throttle_command: str | None = None
+    throttle_times: int = 1
+    throttle_code: str = "UNAVAILABLE"
+    throttle_backoff_ms: int | None = 2000
+    # BODY[] of these UIDs is Exchange's made-up "Retrieval using the IMAP4
+    # protocol failed" message (RFC822.SIZE stays the real message's).
+    substitute_uids: set[int] = field(default_factory=set)
+    # Every UID FETCH reply starts with ``* 1 FETCH (FLAGS (\Seen))``: no UID.
+    unsolicited_flags: bool = False
+    # After this many FETCH responses of one UID FETCH: ``* BYE``, close.
+    bye_after_fetch_responses: int | None = None
+    # Called with each command line as received (e.g. to deliver mail mid-sync).
+    on_command: Callable[[str], None] | None = None
 
 
 class _BadCommand(Exception):
@@ -178,6 +201,7 @@ class _Connection:
     read_only: bool = True
     exists_sent: int = 0
     line: str = ""  # the current command as logged
+    throttled: int = 0  # commands throttled on this connection
 
     async def send(self, data: str | bytes) -> None:
         if isinstance(data, str):
@@ -202,6 +226,10 @@ class ScriptedImapServer:
         self.commands: list[str] = []
         #: accepted connections so far
         self.connections = 0
+        #: LOGIN commands received (refused ones included)
+        self.logins = 0
+        #: commands answered with a throttling NO
+        self.throttled = 0
         #: commands that would set \Seen: STOREs and non-PEEK BODY[]/RFC822 fetches
         self.flag_changes: list[str] = []
         self._changed = trio.Event()
@@ -306,8 +334,12 @@ class ScriptedImapServer:
                 if name == "LOGIN" and len(tokens) >= 4:
                     connection.line = f"LOGIN {tokens[2][1]} ***"
                 self.commands.append(connection.line)
+                if self.faults.on_command is not None:
+                    self.faults.on_command(connection.line)
                 if self._silent(name):
                     await self._hang(connection)
+                if await self._throttle(connection, tag, name):
+                    continue
                 await self._dispatch(connection, tag, name, args)
             except _BadCommand as error:
                 await connection.send(f"{tag} BAD {error}")
@@ -349,9 +381,23 @@ class ScriptedImapServer:
         else:
             raise _BadCommand(f"Unknown command {name}")
 
+    async def _throttle(self, connection: _Connection, tag: str, name: str) -> bool:
+        wanted = self.faults.throttle_command
+        if wanted is None or " ".join(wanted.upper().split()) != name \
+                or connection.throttled >= self.faults.throttle_times:
+            return False
+        connection.throttled += 1
+        self.throttled += 1
+        text = "Request is throttled."
+        if self.faults.throttle_backoff_ms is not None:
+            text += f" Suggested Backoff Time: {self.faults.throttle_backoff_ms} milliseconds"
+        await connection.send(f"{tag} NO [{self.faults.throttle_code}] {text}")
+        return True
+
     async def _login(self, connection: _Connection, tag: str, args: list[str]) -> None:
         if connection.authenticated or len(args) != 2:
             raise _BadCommand("LOGIN expects a user and a password")
+        self.logins += 1
         if args != [self.user, self.password]:
             await connection.send(f"{tag} NO [AUTHENTICATIONFAILED] Authentication failed.")
             return
@@ -399,6 +445,7 @@ class ScriptedImapServer:
             elif key.upper() != "ALL":
                 raise _BadCommand(f"Unsupported search key {key}")
         await connection.send(" ".join(["* SEARCH", *map(str, sorted(found))]))
+        await self._report_exists(connection)
         await connection.send(f"{tag} OK Search completed.")
 
     async def _uid_fetch(self, connection: _Connection, tag: str, args: list[str], *,
@@ -421,14 +468,23 @@ class ScriptedImapServer:
             if not connection.read_only:
                 for message in found:
                     message.flags.add("\\Seen")
+        if self.faults.unsolicited_flags and self.messages:
+            await connection.send("* 1 FETCH (FLAGS (\\Seen))")
+        responses = 0
         for message in found:
             if message.uid in self.faults.empty_fetch_uids:
                 continue
+            if responses == self.faults.bye_after_fetch_responses:
+                await connection.send("* BYE Bandwidth limit exceeded, closing.")
+                raise _Disconnect
+            responses += 1
             parts = [f"UID {self.faults.report_uid.get(message.uid, message.uid)}"]
             if _FLAGS_ITEM.search(items):
                 parts.append(f"FLAGS ({' '.join(sorted(message.flags))})")
             if "RFC822.SIZE" in items:
                 parts.append(f"RFC822.SIZE {message.reported_size}")
+            if "INTERNALDATE" in items:
+                parts.append(f'INTERNALDATE "{message.internaldate}"')
             head = f"* {positions[id(message)]} FETCH ({' '.join(parts)}"
             if body_item is None:
                 await connection.send(f"{head})")
@@ -437,11 +493,15 @@ class ScriptedImapServer:
             if message.body is None:
                 await connection.send(f"{head} {name} NIL)")
                 continue
-            start = f"{head} {name} {{{len(message.body)}}}\r\n".encode()
+            body = message.body
+            if message.uid in self.faults.substitute_uids:
+                body = substitute_body(message.uid)
+            start = f"{head} {name} {{{len(body)}}}\r\n".encode()
             if message.uid == self.faults.cut_mid_literal_uid:
-                await connection.send(start + message.body[: len(message.body) // 2])
+                await connection.send(start + body[: len(body) // 2])
                 raise _Disconnect
-            await connection.send(start + message.body + b")\r\n")
+            await connection.send(start + body + b")\r\n")
+        await self._report_exists(connection)
         await connection.send(f"{tag} OK Fetch completed.")
 
     async def _report_exists(self, connection: _Connection) -> None:
@@ -475,6 +535,16 @@ class ScriptedImapServer:
         if done.strip().upper() != "DONE":
             raise _BadCommand("Expected DONE")
         await connection.send(f"{tag} OK Idle completed.")
+
+
+def substitute_body(uid: int) -> bytes:
+    """What Exchange / Office 365 send instead of a message they cannot convert."""
+    return (f"From: Microsoft Exchange <postmaster@example.com>\r\n"
+            f"Subject: Retrieval using the IMAP4 protocol failed for the following message: "
+            f"{uid}\r\nContent-Type: text/plain\r\n\r\n"
+            "The server couldn't retrieve the following message:\r\n\r\n"
+            "The message hasn't been deleted. You might be able to view it using Outlook.\r\n"
+            ).encode()
 
 
 @asynccontextmanager

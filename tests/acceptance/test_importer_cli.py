@@ -186,3 +186,100 @@ async def test_run_imports_new_mail_through_idle_within_a_second(
     assert [e.uid for e in rec.select()] == [1, 2, 3, 4]
     assert await db.fetchval(
         "SELECT count(*) FROM mail_index_jobs WHERE status = 'processing'") == 0
+
+
+async def test_run_with_a_throttled_a_bye_on_idle_and_a_failing_login_mailbox(
+        db: Database) -> None:
+    """Three providers' behaviours inside one real ``nexarch-events run``:
+    a mailbox throttled at every session's first UID FETCH imports all its
+    mail; one whose server says BYE on every IDLE falls back to its interval
+    and says so; one with a wrong password is on the state and 20 "sync now"
+    requests do not turn into a login storm."""
+    from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+    from tests.integration.test_importer_traps import message, messages
+    from tests.support.imap_script import Faults, open_scripted_imap
+
+    def config(name: str, port: int, password_env: str) -> MailboxConfig:
+        return MailboxConfig(tenant_slug="acme", name=name, host="127.0.0.1", port=port,
+                             tls_mode="plain", username="user",
+                             password_ref=f"env:{password_env}")
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
+    environ.update(NEXARCH_DATABASE_URL=db.dsn, NEXARCH_API_PORT="0",
+                   GOOD_PASSWORD="secret", BAD_PASSWORD="not-the-one")
+    throttling = Faults(throttle_command="UID FETCH", throttle_times=1,
+                        throttle_backoff_ms=300)
+    async with open_scripted_imap(messages(list(range(1, 21))), faults=throttling) as slow, \
+            open_scripted_imap(messages([1]), faults=Faults(bye_after_idle="close")) as bye, \
+            open_scripted_imap(messages([1])) as locked, record_imports(db.dsn) as rec:
+        registry = MailboxRegistry(db)
+        await registry.add(config("throttled", slow.port, "GOOD_PASSWORD"),
+                           interval_seconds=3600)
+        await registry.add(config("bye-on-idle", bye.port, "GOOD_PASSWORD"),
+                           interval_seconds=2)
+        await registry.add(config("locked", locked.port, "BAD_PASSWORD"),
+                           interval_seconds=3600)
+        store = StateStore(db)
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "nexarch_events", "run"], env=environ,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            with trio.fail_after(90):
+                await rec.wait_for_imported(count=21, timeout=60)
+                assert slow.throttled >= 1
+                while not (await store.get("acme", "locked")).last_error:
+                    await trio.sleep(0.1)
+                logins = locked.logins
+                for _ in range(20):
+                    await store.request_sync("acme", "locked")
+                    await trio.sleep(0.1)
+                await trio.sleep(1.0)
+                assert locked.logins - logins <= 2, (logins, locked.logins)
+                while not (await store.get("acme", "bye-on-idle")).idle_status:
+                    await trio.sleep(0.2)
+                uid = bye.add_message(message(2))
+                await rec.wait_for_imported(uid=uid, timeout=10)  # at the 2 s interval
+            proc.send_signal(signal.SIGTERM)
+            assert await proc.wait() == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    throttled = await store.get("acme", "throttled")
+    assert (throttled.last_synced_uid, throttled.imported_total, throttled.last_error) == \
+        (20, 20, None)
+    failing = await store.get("acme", "locked")
+    assert failing.last_error is not None and "refused" in failing.last_error
+    assert failing.last_synced_uid == 0
+    idle = await store.get("acme", "bye-on-idle")
+    assert (idle.idle_status or "").startswith("idle unavailable:")
+    listed = cli("mailbox", "list", url=db.dsn).stdout
+    assert "idle unavailable" in listed and "refused" in listed
+
+
+async def test_failing_messages_show_in_the_list_and_can_be_retried_or_cleared(
+        db: Database) -> None:
+    from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+    from nexarch_events.importer.sync import run_sync
+    from tests.integration.test_importer_traps import messages
+    from tests.support.imap_script import Faults, open_scripted_imap
+
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(substitute_uids={2, 3})) as server:
+        config = MailboxConfig(tenant_slug="acme", name="inbox", host="127.0.0.1",
+                               port=server.port, tls_mode="plain", username="user",
+                               password_ref="env:UNUSED")
+        await MailboxRegistry(db).add(config)
+        await run_sync(db.dsn, config, "secret")
+    listed = cli("mailbox", "list", url=db.dsn)
+    assert "2 message(s) failing" in listed.stdout, listed.stdout
+    retried = cli("mailbox", "failures", "acme", "inbox", "--retry", "2", url=db.dsn)
+    assert retried.returncode == 0, retried.stderr
+    cleared = cli("mailbox", "failures", "acme", "inbox", "--clear", "3", url=db.dsn)
+    assert cleared.returncode == 0, cleared.stderr
+    assert cli("mailbox", "failures", "acme", "inbox", "--clear", "3", url=db.dsn)\
+        .returncode == 1  # no such failure any more
+    rows = json.loads(cli("mailbox", "failures", "acme", "inbox", "--json", url=db.dsn).stdout)
+    assert [(r["uid"], r["attempts"]) for r in rows] == [(2, 0)]
+    state = await StateStore(db).get("acme", "inbox")
+    assert state.sync_requested_at is not None  # --retry asks running services

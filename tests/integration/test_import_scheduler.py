@@ -39,13 +39,15 @@ def config(server: ScriptedImapServer, name: str = "inbox", *,
 
 
 @asynccontextmanager
-async def scheduler(db: Database, **settings: float) -> AsyncIterator[ImportScheduler]:
+async def scheduler(db: Database, *, idle_failures: int = 1000, request_min_gap: float = 0.0,
+                    **settings: float) -> AsyncIterator[ImportScheduler]:
     listener = Listener(db.dsn, QueueSettings(listener_ping_interval=0.5,
                                               listener_ping_timeout=0.5),
                         channels=(IMPORT_REQUESTS_CHANNEL,))
     sched = ImportScheduler(db, ImportSettings(imap_timeout=2, reload_interval=0.5,
                                                **settings),  # type: ignore[arg-type]
-                            listener=listener)
+                            listener=listener, idle_failures=idle_failures,
+                            request_min_gap=request_min_gap)
     async with trio.open_nursery() as nursery:
         await nursery.start(listener.run)
         await nursery.start(sched.run)
@@ -211,3 +213,110 @@ async def test_a_paused_mailbox_stops_and_resumes(db: Database) -> None:
             assert [e.uid for e in rec.select()] == [1]  # paused: nothing imported
             await registry.set_enabled("acme", "inbox", True)
             await rec.wait_for_imported(uid=2, timeout=5)
+
+
+# -- issue 10 -----------------------------------------------------------------
+
+
+async def test_sync_requests_never_bypass_the_backoff_of_a_failing_mailbox(
+        db: Database) -> None:
+    """A wrong password plus 20 "sync now" within seconds: a handful of
+    logins, not one per request (nor one every few milliseconds)."""
+    async with open_scripted_imap(messages([1]), password="not-the-one") as server:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db):
+            with trio.fail_after(10):
+                while server.logins < 1:
+                    await trio.sleep(0.02)
+            for _ in range(20):
+                await StateStore(db).request_sync("acme", "inbox")
+                await trio.sleep(0.15)
+            logins = server.logins
+            assert 1 <= logins <= 4, logins
+            # Every attempt answers the requests made before it.
+            with trio.fail_after(20):
+                while (await StateStore(db).get("acme", "inbox")).sync_requested_at:
+                    await trio.sleep(0.1)
+    st = await StateStore(db).get("acme", "inbox")
+    assert st.last_error is not None and "refused" in st.last_error
+    assert st.last_attempt_at is not None
+
+
+async def test_a_password_that_cannot_be_resolved_is_on_the_state(db: Database) -> None:
+    async with open_scripted_imap(messages([1])) as server:
+        cfg = config(server)
+        from dataclasses import replace
+        await MailboxRegistry(db).add(replace(cfg, password_ref="env:NEXARCH_TEST_NO_SUCH_VAR"),
+                                      interval_seconds=3600)
+        async with scheduler(db):
+            await StateStore(db).request_sync("acme", "inbox")
+            with trio.fail_after(10):
+                while not (await StateStore(db).get("acme", "inbox")).last_error:
+                    await trio.sleep(0.05)
+            for _ in range(10):
+                await StateStore(db).request_sync("acme", "inbox")
+            await trio.sleep(1.0)
+        assert server.connections == 0
+    st = await StateStore(db).get("acme", "inbox")
+    assert "NEXARCH_TEST_NO_SUCH_VAR" in (st.last_error or "")
+
+
+async def test_mail_delivered_during_the_sync_of_an_idle_runner_comes_at_once(
+        db: Database) -> None:
+    """The server announces it inside a FETCH reply, not again in IDLE."""
+    async with open_scripted_imap(messages([1, 2])) as server, record_imports(db.dsn) as rec:
+        delivered: list[int] = []
+
+        def deliver(line: str) -> None:
+            if line.startswith("UID FETCH") and "BODY" in line and not delivered:
+                delivered.append(server.add_message(message(3)))
+
+        server.faults.on_command = deliver
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db) as sched:
+            await wait_idle(sched)
+            await rec.wait_for_imported(uid=3, timeout=2)
+    assert [e.uid for e in rec.select()] == [1, 2, 3]
+
+
+async def test_idle_that_keeps_failing_falls_back_to_the_interval_visibly(
+        db: Database) -> None:
+    """BYE on every IDLE: after a few tries the runner syncs at the
+    interval, and the state says why. The backoff resets after each
+    successful sync, so the tries come every ~2 s, not 2, 4, 8, ..."""
+    async with open_scripted_imap(messages([1]), faults=Faults(bye_after_idle="close")) \
+            as server, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=1)
+        async with scheduler(db, idle_failures=3) as sched:
+            with trio.fail_after(20):
+                while not (await StateStore(db).get("acme", "inbox")).idle_status:
+                    await trio.sleep(0.1)
+            status = (await StateStore(db).get("acme", "inbox")).idle_status or ""
+            assert status.startswith("idle unavailable:") and "BYE" in status
+            idles = server.commands.count("IDLE")
+            server.add_message(message(2))
+            await rec.wait_for_imported(uid=2, timeout=5)  # the 1 s interval
+            await trio.sleep(1.5)
+            assert server.commands.count("IDLE") == idles  # not tried again for now
+            assert sched.idle_mailboxes() == []
+
+
+async def test_a_burst_of_sync_requests_on_a_healthy_idle_mailbox_is_one_or_two_runs(
+        db: Database) -> None:
+    """Each request would drop IDLE and log in again; requests within
+    request_min_gap of the last run wait for it instead."""
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db, request_min_gap=2.0) as sched:
+            await rec.wait_for_imported(uid=1)
+            await wait_idle(sched)
+            logins = server.logins
+            server.add_message(message(2))  # pushed through IDLE: a run
+            await rec.wait_for_imported(uid=2, timeout=5)
+            for _ in range(20):
+                await StateStore(db).request_sync("acme", "inbox")
+                await trio.sleep(0.05)
+            server.add_message(message(3))
+            await rec.wait_for_imported(uid=3, timeout=10)
+            await trio.sleep(0.5)
+            assert server.logins - logins <= 2, server.logins - logins

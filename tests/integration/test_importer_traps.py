@@ -270,3 +270,221 @@ async def test_starttls_is_required_when_configured(db: Database) -> None:
         with trio.fail_after(10), pytest.raises(ImapUnavailable):
             await run_sync(db, cfg, "secret", imap_timeout=3)
     assert (await state(db)).last_error  # the last failure is on the mailbox state
+
+
+# -- issue 10: what providers really do --------------------------------------
+
+
+async def test_a_substitute_or_a_size_mismatch_is_never_archived_as_the_message(
+        db: Database) -> None:
+    """Exchange's "Retrieval using the IMAP4 protocol failed" stub and a body
+    shorter than RFC822.SIZE fail that message (retried); the stub never gets
+    the message's location. A size that disagrees on every attempt is
+    archived on the accept_mismatch_after-th one, marked on its location."""
+    from tests.support.imap_script import substitute_body
+
+    real = message(2, " quokka")
+    short = message(3)
+    msgs = [ScriptedMessage(1, message(1)), ScriptedMessage(2, real),
+            ScriptedMessage(3, short[:-12], size=len(short)), ScriptedMessage(4, message(4))]
+    async with open_scripted_imap(msgs, faults=Faults(substitute_uids={2})) as server, \
+            record_imports(db.dsn) as rec:
+        await sync(db, server)
+        await rec.wait_for_imported(count=2)
+        await rec.wait_for(event="failed", count=2)
+        assert [e.uid for e in rec.select()] == [1, 4]
+        assert (await state(db)).last_synced_uid == 4  # later messages went on
+        assert await locations(db) == [(1, 1), (1, 4)]
+        assert await db.fetchval("SELECT count(*) FROM mail_archive "
+                                 "WHERE position($1 IN raw) > 0", b"Retrieval using") == 0
+        rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+        assert "substitute" in rows[2]["last_error"]
+        assert rows[3]["last_error"].startswith("size mismatch: RFC822.SIZE")
+        # The server hands over message 2 now; message 3 stays short.
+        server.faults.substitute_uids = set()
+        await sync(db, server)
+        await rec.wait_for(event="recovered", uid=2)
+        assert await locations(db) == [(1, 1), (1, 2), (1, 4)]
+        assert await db.fetchval("SELECT count(*) FROM mail_archive "
+                                 "WHERE position($1 IN raw) > 0", b"quokka") == 1
+        rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+        assert list(rows) == [3] and rows[3]["attempts"] == 2
+        # Third attempt, same mismatch: archived, and the location says so.
+        await sync(db, server)
+        await rec.wait_for(event="recovered", uid=3)
+    note = await db.fetchval("SELECT import_note FROM mail_archive_locations WHERE uid = 3")
+    assert note is not None and note.startswith("size mismatch: RFC822.SIZE")
+    assert await StateStore(db).failures(TENANT, NAME) == []
+    raws = [r["raw"] for r in await db.fetch("SELECT raw FROM mail_archive")]
+    assert substitute_body(2) not in raws
+
+
+@pytest.mark.parametrize(("code", "backoff_ms"), [("UNAVAILABLE", 300), ("THROTTLED", None),
+                                                  ("LIMIT", 50), ("INUSE", None)])
+async def test_a_throttled_session_still_imports_everything(
+        db: Database, code: str, backoff_ms: int | None) -> None:
+    """Every session's first UID FETCH is throttled (Office 365, Gmail):
+    the command is repeated in the same session after the suggested wait."""
+    faults = Faults(throttle_command="UID FETCH", throttle_times=1, throttle_code=code,
+                    throttle_backoff_ms=backoff_ms)
+    async with open_scripted_imap(messages(list(range(1, 61))), faults=faults) as server:
+        with trio.fail_after(30):
+            report = await run_sync(db.dsn, config_for(server), "secret", imap_timeout=3,
+                                    limits=ImportLimits(throttle_default_wait=0.1))
+        assert server.throttled == 1 and server.connections == 1
+    assert report.throttled == 1  # type: ignore[attr-defined]
+    st = await state(db)
+    assert (st.last_synced_uid, st.imported_total, st.last_error) == (60, 60, None)
+
+
+async def test_a_server_that_stays_throttled_fails_the_run_clearly(db: Database) -> None:
+    from nexarch_events.errors import ImapThrottled
+
+    faults = Faults(throttle_command="UID FETCH", throttle_times=1000, throttle_backoff_ms=20)
+    async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        with trio.fail_after(30), pytest.raises(ImapThrottled):
+            await run_sync(db.dsn, config_for(server), "secret", imap_timeout=3,
+                           limits=ImportLimits(throttle_retries=3))
+        assert server.throttled == 4  # the first try and three retries
+    error = (await state(db)).last_error or ""
+    assert error.startswith("throttled:") and "UNAVAILABLE" in error
+    assert "UID FETCH 1:2 (UID RFC822.SIZE) answered NO" in error
+    # No Python reprs: no True/False/None, no b'...'.
+    assert not any(token in error for token in (" True", " False", "None", "b'", "b\""))
+
+
+async def test_mail_announced_during_a_sync_is_imported_by_the_same_run(
+        db: Database) -> None:
+    """A message delivered while the run fetches is announced by ``* n
+    EXISTS`` inside a FETCH reply (aioimaplib drops it): another pass."""
+    delivered: list[int] = []
+
+    async with open_scripted_imap(messages([1, 2, 3])) as server:
+        def deliver(line: str) -> None:
+            if line.startswith("UID FETCH") and "BODY" in line and not delivered:
+                delivered.append(server.add_message(message(4)))
+
+        server.faults.on_command = deliver
+        report = await sync(db, server)
+    assert delivered == [4]
+    assert report.passes == 2  # type: ignore[attr-defined]
+    assert (await state(db)).last_synced_uid == 4
+
+
+async def test_no_false_alarms_and_honest_counters(db: Database) -> None:
+    """Unsolicited FLAGS updates without UID are not an anomaly; a resync
+    re-map is not counted as imported; an unstable pass is."""
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(unsolicited_flags=True)) as server:
+        await sync(db, server)
+        st = await state(db)
+        assert (st.warning, st.imported_total) == (None, 3)
+        server.set_messages([*(ScriptedMessage(10 + i, message(i)) for i in (1, 2, 3)),
+                             ScriptedMessage(14, message(4))], uidvalidity=2)
+        await sync(db, server)
+        assert (await state(db)).imported_total == 4  # 3 re-mapped, 1 new
+    await db.execute("DELETE FROM mail_import_state")
+    async with open_scripted_imap(messages([1, 2, 5], tag="u"),
+                                  faults=Faults(uidvalidity=0)) as server:
+        await sync(db, server)
+        await sync(db, server)
+    assert (await state(db)).imported_total == 3
+
+
+async def test_internaldate_is_stored_with_the_location(db: Database) -> None:
+    msgs = [ScriptedMessage(1, message(1), internaldate="17-Jul-1996 02:44:25 -0700")]
+    async with open_scripted_imap(msgs) as server:
+        await sync(db, server)
+    got = await db.fetchval("SELECT internaldate FROM mail_archive_locations WHERE uid = 1")
+    assert got is not None and got.isoformat() == "1996-07-17T09:44:25+00:00"
+
+
+async def test_a_cut_costs_at_most_the_message_in_flight(db: Database) -> None:
+    """Each message commits as soon as its literal is complete, not after
+    the whole batch: a cut at message 7 of a batch of 10 keeps 1-6."""
+    async with open_scripted_imap(messages(list(range(1, 11))),
+                                  faults=Faults(cut_mid_literal_uid=7)) as server, \
+            record_imports(db.dsn) as rec:
+        with trio.fail_after(10), pytest.raises(ImapUnavailable):
+            await sync(db, server)
+        await rec.wait_for_imported(count=6)
+        assert (await state(db)).last_synced_uid == 6
+        server.faults.cut_mid_literal_uid = None
+        await sync(db, server)
+        await rec.wait_for_imported(count=10)
+    assert [e.uid for e in rec.select()] == list(range(1, 11))
+    assert len(await archived_hashes(db)) == 10
+
+
+async def test_a_server_that_cuts_every_fetch_reply_still_imports_everything(
+        db: Database) -> None:
+    """``* BYE`` after the third response of every UID FETCH (a bandwidth
+    limit): what arrived is kept, the window shrinks, every run progresses."""
+    async with open_scripted_imap(messages(list(range(1, 61))),
+                                  faults=Faults(bye_after_fetch_responses=3)) as server, \
+            record_imports(db.dsn) as rec:
+        errors: list[str] = []
+        with trio.fail_after(120):
+            for _ in range(40):
+                try:
+                    await sync(db, server)
+                except ImapUnavailable as exc:
+                    errors.append(str(exc))
+                if (await state(db)).last_synced_uid == 60:
+                    break
+        await rec.wait_for_imported(count=60)
+    st = await state(db)
+    assert st.last_synced_uid == 60 and st.imported_total == 60
+    assert [e.uid for e in rec.select()] == list(range(1, 61))
+    assert len(await archived_hashes(db)) == 60
+    assert errors and "cut after" in errors[0]
+    assert "the server said BYE: Bandwidth limit exceeded" in errors[0]
+    assert st.fetch_window is not None and st.fetch_window < 200
+
+
+async def test_a_message_without_a_date_header_is_dated_by_internaldate(
+        db: Database) -> None:
+    from nexarch_events.index.base import SearchQuery
+    from nexarch_events.index.postgres import PostgresIndex
+    from nexarch_events.mail.indexer import Indexer
+    from nexarch_events.queue.jobs import Queue
+
+    undated = b"From: a@example.org\r\nSubject: no date here\r\n\r\nwombat\r\n"
+    msgs = [ScriptedMessage(1, undated, internaldate="02-Mar-2021 08:00:00 +0100")]
+    async with open_scripted_imap(msgs) as server:
+        await sync(db, server)
+    backend = PostgresIndex(db)
+    jobs = await Queue(db).claim(10, "test")
+    failures = await Indexer(db, backend).index_batch(jobs)
+    assert failures == {}
+    hits = (await backend.search(SearchQuery(TENANT, "wombat"))).hits
+    assert len(hits) == 1
+    assert hits[0].sent_at is not None and hits[0].sent_at.isoformat() == \
+        "2021-03-02T07:00:00+00:00"
+
+
+async def test_an_error_while_consuming_a_streamed_fetch_comes_out_as_itself(
+        db: Database) -> None:
+    """A database error while storing a streamed message must reach the
+    scheduler as that error (it sorts errors by type), not wrapped in an
+    ExceptionGroup; the session is broken afterwards (its reply was abandoned)."""
+    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
+    from nexarch_events.errors import DatabaseUnavailable
+
+    async with open_scripted_imap(messages([1, 2, 3])) as server:
+        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
+                                                      timeout=3), "user", "secret")
+        try:
+            await session.examine('"INBOX"')
+            seen: list[int] = []
+
+            async def on_response(parts: list[bytes | bytearray]) -> None:
+                seen.append(len(parts))
+                raise DatabaseUnavailable("the database went away")
+
+            with trio.fail_after(10), pytest.raises(DatabaseUnavailable):
+                await session.uid_fetch_each("1:3", "(UID BODY.PEEK[])", on_response)
+            assert seen == [3]  # the first response: line, literal, closing line
+            assert session.broken is not None
+        finally:
+            await session.aclose()

@@ -7,7 +7,8 @@ from nexarch_events.testing.imap_server import (
     ScriptedMessage,
     open_scripted_imap,
     resolve_uid_set,
+    substitute_body,
 )
 
 __all__ = ["Faults", "ScriptedImapServer", "ScriptedMessage", "open_scripted_imap",
-           "resolve_uid_set"]
+           "resolve_uid_set", "substitute_body"]
