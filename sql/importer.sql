@@ -165,8 +165,9 @@ state AS (
 SELECT id, (SELECT count(*) FROM state) AS states FROM mailbox;
 
 -- name: mailbox_list
--- Registered mailboxes with their state. $1 tenant or NULL for all.
-SELECT m.*, s.last_uidvalidity, s.last_synced_uid, s.interval_seconds,
+-- Registered mailboxes with their state (and the name of the account a
+-- discovered folder belongs to). $1 tenant or NULL for all.
+SELECT m.*, acc.name AS account, s.last_uidvalidity, s.last_synced_uid, s.interval_seconds,
        s.server_uidnext, s.server_exists, s.imported_total,
        s.last_run_started_at, s.last_run_finished_at, s.last_success_at,
        s.last_error, s.last_error_at, s.warning, s.sync_requested_at,
@@ -174,6 +175,7 @@ SELECT m.*, s.last_uidvalidity, s.last_synced_uid, s.interval_seconds,
        (SELECT count(*) FROM mail_import_failures f
          WHERE f.tenant_slug = m.tenant_slug AND f.mailbox_name = m.name) AS failures
   FROM mail_import_mailboxes m
+  LEFT JOIN mail_import_accounts acc ON acc.id = m.account_id
   LEFT JOIN mail_import_state s ON s.tenant_slug = m.tenant_slug AND s.mailbox_name = m.name
  WHERE $1::text IS NULL OR m.tenant_slug = $1::text
  ORDER BY m.tenant_slug, m.name;

@@ -262,7 +262,8 @@ _MAILBOX_FIELDS = ("id", "name", "host", "port", "folder", "tls_mode", "use_idle
                    "last_uidvalidity", "last_synced_uid", "server_uidnext", "interval_seconds",
                    "imported_total", "last_run_started_at", "last_run_finished_at",
                    "last_success_at", "last_error", "last_error_at", "warning",
-                   "sync_requested_at", "failures", "idle_status", "last_attempt_at")
+                   "sync_requested_at", "failures", "idle_status", "last_attempt_at",
+                   "auth_method", "account", "folder_gone_at")
 
 
 def _timestamp(request: Request, name: str) -> datetime | None:

@@ -35,6 +35,8 @@ from openapi_spec_validator import validate as validate_openapi
 from nexarch_events.aio import Database
 from nexarch_events.api import ApiContext, serve_api
 from nexarch_events.errors import ConfigurationError
+from nexarch_events.importer.accounts import AccountConfig, AccountRegistry
+from nexarch_events.importer.folders import Folder
 from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
 from nexarch_events.importer.state import StateStore
 from nexarch_events.index.postgres import PostgresIndex
@@ -469,6 +471,26 @@ async def test_retry_refuses_a_job_a_newer_one_has_overtaken(env: Env) -> None:
 
 # -- mailboxes ----------------------------------------------------------------------------
 
+async def test_account_folders_are_listed_with_their_account(env: Env) -> None:
+    """A folder discovered in a registered account is a mailbox with its
+    account's name and the folder's decoded name; a folder the last discovery
+    did not find is marked gone (no IMAP here: the discovery's outcome is
+    recorded directly)."""
+    accounts = AccountRegistry(env.db)
+    account = AccountConfig(tenant_slug="acme", name="alice", host="imap.example.com",
+                            port=993, tls_mode="implicit", username="alice@example.com",
+                            password_ref="env:NEXARCH_TEST_IMAP_PASSWORD")
+    await accounts.add(account)
+    stored = await accounts.get("acme", "alice")
+    folder = Folder("Entw&APw-rfe", "Projekte/Entwürfe", "/", frozenset())
+    await accounts.record_folders(stored, [folder, Folder("INBOX", "INBOX", "/", frozenset())])
+    await accounts.record_folders(stored, [Folder("INBOX", "INBOX", "/", frozenset())])
+    listed = (await env.client.get("/mailboxes", env.tokens.acme)).json()["mailboxes"]
+    assert sorted((m["account"], m["folder"], m["folder_gone_at"] is None) for m in listed) == [
+        ("alice", "INBOX", True), ("alice", "Projekte/Entwürfe", False)]
+    assert (await env.client.get("/mailboxes", env.tokens.globex)).json()["mailboxes"] == []
+
+
 async def test_mailboxes_list_state_without_credentials(env: Env) -> None:
     registry = MailboxRegistry(env.db)
     acme_id = await registry.add(mailbox_config("acme", "inbox"), interval_seconds=120)
@@ -490,9 +512,11 @@ async def test_mailboxes_list_state_without_credentials(env: Env) -> None:
     assert inbox["server_uidnext"] == 3 and inbox["pending_messages"] == 0
     assert inbox["last_success_at"] is not None and inbox["since_success_s"] >= 0
     assert inbox["failures"] == 0 and inbox["last_error"] is None
+    assert (inbox["auth_method"], inbox["account"], inbox["folder_gone_at"]) == (
+        "password", None, None)
     raw = (await env.client.get("/mailboxes", env.tokens.admin)).text
-    for secret in ("password", "env:NEXARCH_TEST_IMAP_PASSWORD", "inbox@example.com",
-                   "username"):
+    for secret in ("password_ref", "_ref", "env:NEXARCH_TEST_IMAP_PASSWORD",
+                   "inbox@example.com", "username"):
         assert secret not in raw
     globex = (await env.client.get("/mailboxes", env.tokens.globex)).json()
     assert [m["id"] for m in globex["mailboxes"]] == [globex_id]
