@@ -248,10 +248,14 @@ class Listener:
                 heard.set()
 
         await conn.listen(channel, on_check)
-        sender = await Connection.open(
-            self.dsn, connect_timeout=s.listener_ping_timeout * 2,
-            command_timeout=s.listener_ping_timeout * 2, statement_cache_size=0,
-            application_name=f"{self.application_name}/check")
+        try:
+            sender = await Connection.open(
+                self.dsn, connect_timeout=s.listener_ping_timeout * 2,
+                command_timeout=s.listener_ping_timeout * 2, statement_cache_size=0,
+                application_name=f"{self.application_name}/check")
+        except trio.TooSlowError:
+            raise DatabaseUnavailable("the listener's self-check could not connect in time") \
+                from None
         try:
             await sender.execute("SELECT pg_notify($1, $2)", channel, token)
         finally:
