@@ -89,10 +89,15 @@ CREATE FUNCTION nexarch_mail_search(p_configs regconfig[], p_tenant text, p_quer
                                     p_page_offset int, p_cap_total int, p_rank_limit int)
 RETURNS TABLE (total bigint, archive_id bigint, subject text, sender_display text,
                sent_at timestamptz, score real, body_head text, lexemes text)
-LANGUAGE sql STABLE PARALLEL SAFE
+LANGUAGE plpgsql STABLE PARALLEL SAFE
 SET enable_seqscan = off
 SET enable_indexscan = off
 AS $$
+#variable_conflict use_column
+BEGIN
+-- plpgsql, not sql: it keeps the plan between calls (an sql function with
+-- SET clauses plans its query on every call).
+RETURN QUERY
 WITH q AS (
     SELECT nexarch_mail_tsquery(p_configs, p_query_text) AS query
 ),
@@ -126,7 +131,8 @@ SELECT t.total, p.archive_id, d.subject, d.sender, p.sent_at, p.score,
   CROSS JOIN q
   LEFT JOIN page p ON true
   LEFT JOIN mail_search_documents d ON d.tenant_slug = p_tenant AND d.archive_id = p.archive_id
- ORDER BY p.score DESC, p.sent_at DESC NULLS LAST, p.archive_id DESC
+ ORDER BY p.score DESC, p.sent_at DESC NULLS LAST, p.archive_id DESC;
+END;
 $$;
 
 -- The empty query lists newest first, undated last: an index in that order
