@@ -96,11 +96,11 @@ async def serve_api(ctx: ApiContext, *,
         # is left as it was.
         if ctx.streams_db is None:
             ctx = replace(ctx, streams_db=await stack.enter_async_context(Database.open(
-                ctx.db.dsn, min_size=1, max_size=STREAM_POOL_SIZE,
+                ctx.db.dsn, min_size=0, max_size=STREAM_POOL_SIZE,
                 command_timeout=ctx.settings.command_timeout)))
         if ctx.probe_db is None:
             ctx = replace(ctx, probe_db=await stack.enter_async_context(Database.open(
-                ctx.db.dsn, min_size=1, max_size=1,
+                ctx.db.dsn, min_size=0, max_size=1,
                 command_timeout=ctx.settings.command_timeout)))
         app = create_app(ctx)
         async with trio.open_nursery() as nursery:

@@ -793,7 +793,11 @@ async def test_a_closed_stream_unsubscribes(env: Env) -> None:
 async def test_events_resume_replays_what_was_missed_exactly_once(env: Env) -> None:
     async with open_events(env, env.tokens.acme) as events:
         opened = await events.next()
-        first = await env.import_mail("acme", "inbox", [message(f"resume{n}") for n in range(2)])
+        # One message: two would be acked by two workers, and when the ack
+        # that began later commits first, the resume point falls inside the
+        # window the module doc of api/events.py describes (one event may be
+        # sent again). Exactly once is promised outside that window.
+        first = await env.import_mail("acme", "inbox", [message("resume")])
         seen: list[Sse] = []
         with trio.fail_after(30):
             while not {s.job_id for s in first} <= set(job_ids(seen)):
@@ -1068,17 +1072,21 @@ async def test_streams_beyond_the_caps_get_429_and_readyz_stays_ready(
             # Every slot is given back once the server sees the disconnects
             # (soon after, not at once: poll). The streams' set-up reads do
             # not wait for the shared pool, still exhausted here.
+            async def acme_allowance_is_free() -> bool:
+                headers = {"Authorization": f"Bearer {env.tokens.acme}"}
+                async with AsyncExitStack() as streams:
+                    for _ in range(3):  # acme's whole allowance at once
+                        response = await streams.enter_async_context(
+                            env.client.http.stream("GET", "/events", headers=headers))
+                        if response.status_code == 429:
+                            return False
+                        assert response.status_code == 200
+                        assert (await EventReader(response).next()).event == "open"
+                return True
+
             with trio.fail_after(30):
-                while True:
-                    try:
-                        async with AsyncExitStack() as streams:
-                            for _ in range(3):  # acme's whole allowance at once
-                                events = await streams.enter_async_context(
-                                    open_events(env, env.tokens.acme))
-                                assert (await events.next()).event == "open"
-                        break
-                    except AssertionError:
-                        await trio.sleep(0.1)
+                while not await acme_allowance_is_free():
+                    await trio.sleep(0.1)
 
 
 async def test_fuzzed_requests_agree_with_the_spec(env: Env, tmp_path: Path) -> None:

@@ -154,10 +154,10 @@ async def test_pooled_runs_never_leave_the_lock_behind(db: Database) -> None:
     run, a failed one nor a cancelled one may return a connection that still
     holds the mailbox's lock (the next run would wait forever)."""
     async def advisory_locks() -> int:
+        # pg_locks is server-wide: count this test's database only (other
+        # tests and services on a shared server hold advisory locks too).
         count: int = await db.fetchval(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
-            # This test's database only: other tests' runs on the same server
-            # hold advisory locks of their own.
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())")
         return count
 
