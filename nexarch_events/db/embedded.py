@@ -65,6 +65,12 @@ def _system_user() -> pwd.struct_passwd:
         return pwd.getpwnam(_SYSTEM_USER)
 
 
+def _traversable(path: Path) -> None:
+    """Every folder above ``path`` may be traversed by other users."""
+    for parent in path.parents:
+        parent.chmod(parent.stat().st_mode | stat.S_IXOTH | stat.S_IXGRP)
+
+
 class EmbeddedPostgres:
     """One Postgres cluster in ``data_dir``, listening on 127.0.0.1 only."""
 
@@ -77,6 +83,7 @@ class EmbeddedPostgres:
         self.durable = durable
         self.bin_dir = _bin_dir()
         self._user = _SYSTEM_USER if os.geteuid() == 0 else None
+        self._binaries_ready = False
 
     def url(self, database: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
@@ -85,25 +92,34 @@ class EmbeddedPostgres:
         kwargs: dict[str, object] = {}
         if self._user is not None:
             # Any command may come first (``is_running`` before ``start`` on a
-            # fresh machine), so the server user is made on first use.
-            entry = _system_user()
+            # fresh clone), so the server user and its access to the binaries
+            # are made ready before the first one, not only by ``start``.
+            entry = self._binaries_for_server_user()
             kwargs = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
         return subprocess.run(  # type: ignore[call-overload, no-any-return]
             [str(self.bin_dir / args[0]), *args[1:]], check=check, capture_output=True,
             text=True, cwd="/", **kwargs)
 
-    def _prepare_as_root(self) -> None:
+    def _binaries_for_server_user(self) -> pwd.struct_passwd:
+        """As root: the server user exists and can traverse to the binaries
+        and run them (a virtualenv under a private folder is not reachable
+        for it as installed). Done once per instance."""
         entry = _system_user()
-        # The server user must traverse to its data folder and run the binaries.
-        for path in [self.data_dir, self.bin_dir]:
-            for parent in path.parents:
-                parent.chmod(parent.stat().st_mode | stat.S_IXOTH | stat.S_IXGRP)
-        for root, dirs, files in os.walk(self.bin_dir.parent):
-            for name in dirs + files:
-                p = Path(root) / name
-                if not p.is_symlink():
-                    p.chmod(p.stat().st_mode | stat.S_IROTH | stat.S_IXOTH
-                            if os.access(p, os.X_OK) else p.stat().st_mode | stat.S_IROTH)
+        if not self._binaries_ready:
+            _traversable(self.bin_dir)
+            for root, dirs, files in os.walk(self.bin_dir.parent):
+                for name in dirs + files:
+                    p = Path(root) / name
+                    if not p.is_symlink():
+                        p.chmod(p.stat().st_mode | stat.S_IROTH | stat.S_IXOTH
+                                if os.access(p, os.X_OK) else p.stat().st_mode | stat.S_IROTH)
+            self._binaries_ready = True
+        return entry
+
+    def _prepare_as_root(self) -> None:
+        entry = self._binaries_for_server_user()
+        # The server user must traverse to its data folder and own it.
+        _traversable(self.data_dir)
         os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
 
     def start(self) -> None:
