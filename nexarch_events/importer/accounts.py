@@ -39,7 +39,7 @@ from ..errors import ConfigurationError, DatabaseError, ImapError, InvalidJobErr
 from ..models import validate_tenant_slug
 from ..settings import ImportSettings
 from .folders import DEFAULT_EXCLUDED_PATTERNS, Folder, FolderRules, parse_list, select_folders
-from .mailboxes import MailboxConfig
+from .mailboxes import MailboxConfig, oauth_client_of
 from .oauth import OAuthClient
 from .signin import SignIn
 from .state import DEFAULT_INTERVAL_SECONDS, StateStore, validate_interval
@@ -98,14 +98,7 @@ class AccountConfig:
 
     @classmethod
     def from_row(cls, row: Row) -> AccountConfig:
-        oauth = None
-        if row["auth_method"] == "oauth2":
-            oauth = OAuthClient(token_url=row["oauth_token_url"],
-                                client_id=row["oauth_client_id"],
-                                client_secret_ref=row["oauth_secret_ref"],
-                                refresh_token_ref=row["oauth_refresh_ref"],
-                                scope=row["oauth_scope"],
-                                client_certificate_ref=row["oauth_certificate_ref"])
+        oauth = oauth_client_of(row)
         exclude = row["exclude_patterns"]
         return cls(tenant_slug=row["tenant_slug"], name=row["name"], host=row["host"],
                    port=row["port"], tls_mode=row["tls_mode"], username=row["username"],

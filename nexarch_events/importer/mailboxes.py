@@ -69,14 +69,7 @@ class MailboxConfig:
 
     @classmethod
     def from_row(cls, row: Row) -> MailboxConfig:
-        oauth = None
-        if row["auth_method"] == "oauth2":
-            oauth = OAuthClient(token_url=row["oauth_token_url"],
-                                client_id=row["oauth_client_id"],
-                                client_secret_ref=row["oauth_secret_ref"],
-                                refresh_token_ref=row["oauth_refresh_ref"],
-                                scope=row["oauth_scope"],
-                                client_certificate_ref=row["oauth_certificate_ref"])
+        oauth = oauth_client_of(row)
         return cls(tenant_slug=row["tenant_slug"], name=row["name"], host=row["host"],
                    port=row["port"], tls_mode=row["tls_mode"], username=row["username"],
                    password_ref=row["password_ref"], folder=row["folder"],
@@ -90,6 +83,17 @@ class MailboxConfig:
         """For logs and errors: everything but the secret references."""
         return (f"{self.tenant_slug}/{self.name} ({self.username}@{self.host}:{self.port} "
                 f"{self.tls_mode}, folder {self.folder!r}, {self.auth_method})")
+
+
+def oauth_client_of(row: Row) -> OAuthClient | None:
+    """The OAuth2 client a mailbox or account row signs in with (None: it
+    signs in with a password). Both tables have the same columns for it."""
+    if row["auth_method"] != "oauth2":
+        return None
+    return OAuthClient(token_url=row["oauth_token_url"], client_id=row["oauth_client_id"],
+                       client_secret_ref=row["oauth_secret_ref"],
+                       refresh_token_ref=row["oauth_refresh_ref"], scope=row["oauth_scope"],
+                       client_certificate_ref=row["oauth_certificate_ref"])
 
 
 class MailboxRegistry:
