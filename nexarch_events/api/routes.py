@@ -5,7 +5,7 @@ are in openapi.yaml."""
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
@@ -18,7 +18,14 @@ from ..db import sqlfiles
 from ..errors import DatabaseError, InvalidJobError, JobNotFound
 from ..importer.mailboxes import MailboxRegistry
 from ..importer.state import StateStore
-from ..index.base import MAX_LIMIT, MAX_OFFSET, MAX_QUERY_LENGTH, InvalidQuery, SearchQuery
+from ..index.base import (
+    MAX_LIMIT,
+    MAX_OFFSET,
+    MAX_QUERY_LENGTH,
+    InvalidQuery,
+    SearchQuery,
+    parse_query,
+)
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..models import Job, JobStatus
 from ..queue.jobs import Queue
@@ -208,8 +215,8 @@ class _Api:
         text = request.param("q") or ""
         since, until = _timestamp(request, "since"), _timestamp(request, "until")
         if since is not None and until is not None and since >= until:
-            return json_response({"total": 0, "hits": [], "warning": "since is not before "
-                                  "until: no mail can be sent in between"})
+            return json_response(_no_hits("since is not before until: no mail can be "
+                                          "sent in between"))
         try:
             query = SearchQuery(tenant, "",
                                 sender=request.param("sender") or None,
@@ -224,14 +231,16 @@ class _Api:
                 raise ApiError(400, f"bad search: {exc}") from None
             # Words the index cannot search for (punctuation only, or only
             # exclusions): nothing matches, and the reason comes along.
-            return json_response({"total": 0, "hits": [], "warning": str(exc)})
+            return json_response(_no_hits(str(exc), parse_query(text).ignored))
         result = await self.ctx.backend.search(query)
         seen = await mailboxes_of(self.ctx.db, tenant, [hit.archive_id for hit in result.hits])
-        return json_response({"total": result.total, "hits": [
-            {"archive_id": hit.archive_id, "subject": hit.subject, "sender": hit.sender,
-             "sent_at": hit.sent_at, "snippet": hit.snippet,
-             "mailboxes": seen.get(hit.archive_id, [])}
-            for hit in result.hits]})
+        return json_response({
+            "total": result.total, "exact_total": result.exact_total,
+            "ignored": list(result.ignored), "hits": [
+                {"archive_id": hit.archive_id, "subject": hit.subject, "sender": hit.sender,
+                 "sent_at": hit.sent_at, "snippet": hit.snippet,
+                 "mailboxes": seen.get(hit.archive_id, [])}
+                for hit in result.hits]})
 
     async def events(self, request: Request, who: Principal) -> Stream:
         tenant = tenant_scope(who, request, required=False)
@@ -264,6 +273,12 @@ _MAILBOX_FIELDS = ("id", "name", "host", "port", "folder", "tls_mode", "use_idle
                    "last_success_at", "last_error", "last_error_at", "warning",
                    "sync_requested_at", "failures", "idle_status", "last_attempt_at",
                    "auth_method", "account", "folder_gone_at")
+
+
+def _no_hits(warning: str, ignored: Sequence[str] = ()) -> dict[str, object]:
+    """A search that cannot match anything, and why."""
+    return {"total": 0, "exact_total": True, "ignored": list(ignored), "hits": [],
+            "warning": warning}
 
 
 def _timestamp(request: Request, name: str) -> datetime | None:

@@ -79,8 +79,9 @@ def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
 
     result = with_index(url, settings, go)
     if args.json:
-        print(json.dumps({"total": result.total, "hits": [jsonable(asdict(h))
-                                                          for h in result.hits]}, indent=2))
+        print(json.dumps({"total": result.total, "exact_total": result.exact_total,
+                          "ignored": list(result.ignored),
+                          "hits": [jsonable(asdict(h)) for h in result.hits]}, indent=2))
         return EXIT_OK
     width = max(40, min(shutil.get_terminal_size().columns, 120))
     print("\n".join(format_hits(result, args.offset, width)))
@@ -92,7 +93,11 @@ def format_hits(result: Any, offset: int, width: int) -> list[str]:
     hit, one field per line, long text wrapped at spaces and never cut (an
     address stays whole); newlines inside a field become spaces."""
     shown = f"{offset + 1}-{offset + len(result.hits)}" if result.hits else "none"
-    lines = [f"{result.total} match(es), showing {shown}"]
+    total = f"{result.total:,}" if result.exact_total else f"{result.total:,}+"
+    lines = [f"{total} match(es), showing {shown}"]
+    if result.ignored:
+        lines.append("ignored (nothing searchable in them): "
+                     + " ".join(repr(term) for term in result.ignored))
     indent = " " * 6
 
     def wrap(label: str, text: str) -> list[str]:

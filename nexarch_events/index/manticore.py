@@ -542,7 +542,7 @@ class ManticoreBackend:
                 }).encode(), "application/json")
             except TableMissing:
                 return ids  # no table yet: no documents (as in Postgres)
-            page = [i for i in (_int(h.get("_id")) for h in self._hits(reply, "/search")[1])
+            page = [i for i in (_int(h.get("_id")) for h in self._hits(reply, "/search")[2])
                     if i is not None]
             ids.update(page)
             if len(page) < _ID_PAGE or max(page) <= last:
@@ -611,7 +611,7 @@ class ManticoreBackend:
                                      "application/json")
         except TableMissing:
             return SearchResult(total=0, ignored=ignored)
-        total, raw_hits = self._hits(reply, "/search")
+        total, exact, raw_hits = self._hits(reply, "/search")
         hits: list[SearchHit] = []
         for raw in raw_hits:
             archive_id = _int(raw.get("_id"))
@@ -631,7 +631,7 @@ class ManticoreBackend:
                          if sent is not None and dated in (True, 1) else None),
                 snippet=render_snippet(self._snippet(raw.get("highlight"))),
             ))
-        return SearchResult(total=total, hits=tuple(hits), ignored=ignored)
+        return SearchResult(total=total, hits=tuple(hits), ignored=ignored, exact_total=exact)
 
     @staticmethod
     def _snippet(highlight: object) -> str:
@@ -651,7 +651,9 @@ class ManticoreBackend:
                 return " … ".join(f.strip() for f in marked)
         return " … ".join(f.strip() for f in fragments.get("body", []))
 
-    def _hits(self, reply: object, path: str) -> tuple[int, list[dict[str, object]]]:
+    def _hits(self, reply: object, path: str) -> tuple[int, bool, list[dict[str, object]]]:
+        """(total, exact, hits): ``total_relation`` "gte" makes the total a
+        lower bound (Manticore stopped counting, e.g. at a cutoff)."""
         hits = reply.get("hits") if isinstance(reply, dict) else None
         if not isinstance(hits, dict):
             raise self._unavailable(path, 200, "a reply without 'hits'")
@@ -659,7 +661,8 @@ class ManticoreBackend:
         items = hits.get("hits", [])
         if total is None or not isinstance(items, list):
             raise self._unavailable(path, 200, "'hits' without 'total' or 'hits'")
-        return total, [h for h in items if isinstance(h, dict)]
+        exact = hits.get("total_relation", "eq") != "gte"
+        return total, exact, [h for h in items if isinstance(h, dict)]
 
     # -- HTTP ----------------------------------------------------------------
 

@@ -198,9 +198,12 @@
     $("search-summary").textContent = "searching…";
     try {
       const result = await api("GET", "/search", {q, limit: 20});
+      const total = result.exact_total ? String(result.total) : `${result.total}+`;
       $("search-summary").textContent =
-        `${result.total} match${result.total === 1 ? "" : "es"}` +
-        (result.total > result.hits.length ? `, first ${result.hits.length} shown` : "");
+        `${total} match${result.total === 1 && result.exact_total ? "" : "es"}` +
+        (result.total > result.hits.length ? `, first ${result.hits.length} shown` : "") +
+        (result.ignored.length ? ` · ignored: ${result.ignored.join(" ")}` : "") +
+        (result.warning ? ` · ${result.warning}` : "");
       $("hits").replaceChildren(...result.hits.map((hit) => el("li",
         {"data-archive-id": hit.archive_id},
         el("div", {className: "hit-subject"}, hit.subject || "(no subject)"),

@@ -37,6 +37,7 @@ def test_archive_reindex_search_verify(database_url: str, tmp_path: Path) -> Non
     assert found.returncode == 0, found.stderr
     result = json.loads(found.stdout)
     assert result["total"] == 1 and len(result["hits"]) == 1
+    assert (result["exact_total"], result["ignored"]) == (True, [])
     assert "<mark>" in result["hits"][0]["snippet"]
 
     other = cli("search", "--tenant", "other", "--json", unique_token(2), url=database_url)
@@ -44,6 +45,10 @@ def test_archive_reindex_search_verify(database_url: str, tmp_path: Path) -> Non
 
     text = cli("search", "--tenant", "acme", unique_token(3), url=database_url)
     assert text.returncode == 0 and text.stdout.startswith("1 match(es)")
+    dropped = cli("search", "--tenant", "acme", f"{unique_token(3)} ²", url=database_url)
+    assert dropped.returncode == 0, dropped.stderr
+    assert dropped.stdout.splitlines()[:2] == [
+        "1 match(es), showing 1-1", "ignored (nothing searchable in them): '²'"]
 
     bad = cli("search", "--tenant", "acme", "!! )(", url=database_url)
     assert bad.returncode == 2 and "no words to search for" in bad.stderr

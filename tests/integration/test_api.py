@@ -572,7 +572,14 @@ async def test_search_finds_the_callers_mail_only(env: Env) -> None:
                                   params={"q": "zebrafinch"})).json()
     assert [h["archive_id"] for h in other["hits"]] == [globex[0].archive_id]
     assert (await env.client.get("/search", env.tokens.globex,
-                                 params={"q": "otter"})).json() == {"total": 0, "hits": []}
+                                 params={"q": "otter"})).json() == {
+        "total": 0, "exact_total": True, "ignored": [], "hits": []}
+    dropped = (await env.client.get("/search", env.tokens.acme,
+                                    params={"q": "zebrafinch ²"})).json()
+    assert (dropped["total"], dropped["ignored"]) == (1, ["²"])
+    nothing = (await env.client.get("/search", env.tokens.acme, params={"q": "² _"})).json()
+    assert (nothing["total"], nothing["hits"], nothing["ignored"]) == (0, [], ["²", "_"])
+    assert "warning" in nothing
     admin = (await env.client.get("/search", env.tokens.admin,
                                   params={"q": "zebrafinch", "tenant": "acme"})).json()
     assert [h["archive_id"] for h in admin["hits"]] == [acme[0].archive_id]

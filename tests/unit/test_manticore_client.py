@@ -878,3 +878,21 @@ def test_httpx_logs_no_info_line_per_request() -> None:
     import logging
 
     assert logging.getLogger("httpx").getEffectiveLevel() >= logging.WARNING
+
+
+async def test_a_total_marked_gte_is_reported_as_a_lower_bound(
+        standin: ManticoreStandIn, backend: ManticoreBackend) -> None:
+    """Manticore says whether ``hits.total`` is exact (``total_relation``
+    "eq") or a lower bound ("gte", e.g. past a cutoff): the latter must not
+    reach the user as an exact count."""
+    await backend.ensure_schema("acme")
+    await backend.upsert([doc(1, subject="invoice")])
+    exact = await backend.search(SearchQuery("acme", "invoice"))
+    assert (exact.total, exact.exact_total) == (1, True)
+    standin.answer_next(200, {"took": 0, "timed_out": False, "hits": {
+        "total": 1000, "total_relation": "gte", "hits": [{"_id": 1, "_score": 1,
+                                                          "_source": {"subject": "invoice"}}]}},
+                        endpoint="/search")
+    bound = await backend.search(SearchQuery("acme", "invoice"))
+    assert (bound.total, bound.exact_total, [h.archive_id for h in bound.hits]) == (
+        1000, False, [1])

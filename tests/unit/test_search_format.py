@@ -30,3 +30,9 @@ def test_hits_wrap_at_spaces_and_keep_addresses_whole() -> None:
 
 def test_no_hits() -> None:
     assert format_hits(SearchResult(0, ()), 0, 80) == ["0 match(es), showing none"]
+
+
+def test_a_capped_total_and_ignored_terms_are_shown() -> None:
+    lines = format_hits(SearchResult(1000, (), ignored=("²", "_"), exact_total=False), 0, 80)
+    assert lines[0] == "1,000+ match(es), showing none"
+    assert lines[1] == "ignored (nothing searchable in them): '²' '_'"
