@@ -2,12 +2,12 @@
 
 This module and its siblings in ``aio/`` are the only places that know asyncio
 is underneath. Every public coroutine here is a trio coroutine; each database
-call is exactly one hop into asyncio (a query on a pooled connection is one
-asyncpg coroutine: acquire, run, release). asyncpg's exceptions are translated
-here, once, into ``nexarch_events.errors``.
+call is exactly one hop into asyncio (the pool lives on the trio side, so a
+query on a pooled connection is one asyncpg coroutine). asyncpg's exceptions
+are translated here, once, into ``nexarch_events.errors``.
 
-Cancellation: cancelling a trio call cancels the asyncio task under it; asyncpg
-then resets (or drops) the connection before it goes back to the pool.
+Cancellation: cancelling a trio call cancels the asyncio task under it; the
+connection is then closed instead of going back to the pool.
 """
 
 from __future__ import annotations
@@ -161,25 +161,24 @@ async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs)
 class Executor:
     """fetch/fetchrow/fetchval/execute: a pool (Database) or one Connection."""
 
-    _target: Any
-
     async def fetch(self, query: str, *args: object) -> list[Row]:
-        rows: list[Row] = await self._call(self._target.fetch, query, *args)
+        rows: list[Row] = await self._run("fetch", query, *args)
         return rows
 
     async def fetchrow(self, query: str, *args: object) -> Row | None:
-        row: Row | None = await self._call(self._target.fetchrow, query, *args)
+        row: Row | None = await self._run("fetchrow", query, *args)
         return row
 
     async def fetchval(self, query: str, *args: object) -> Any:
-        return await self._call(self._target.fetchval, query, *args)
+        return await self._run("fetchval", query, *args)
 
     async def execute(self, query: str, *args: object) -> str:
-        status: str = await self._call(self._target.execute, query, *args)
+        status: str = await self._run("execute", query, *args)
         return status
 
-    async def _call(self, fn: Callable[..., Awaitable[T]], *args: object) -> T:
-        return await _hop(fn, *args)
+    async def _run(self, method: str, *args: object) -> Any:
+        """One asyncpg ``Connection`` method call, in one hop."""
+        raise NotImplementedError
 
 
 class Connection(Executor):
@@ -189,6 +188,9 @@ class Connection(Executor):
 
     def __init__(self, conn: asyncpg.Connection) -> None:
         self._target = conn
+
+    async def _run(self, method: str, *args: object) -> Any:
+        return await _hop(getattr(self._target, method), *args)
 
     @classmethod
     async def open(cls, dsn: str, *, connect_timeout: float = 10.0,
@@ -243,22 +245,34 @@ def _server_settings(application_name: str | None) -> dict[str, str] | None:
     return {"application_name": application_name.encode()[:63].decode(errors="ignore")}
 
 
-async def _reset_pooled(conn: asyncpg.Connection) -> None:
-    # asyncpg's default reset runs "RESET ALL; UNLISTEN *; ..." on every
-    # release: a second round trip per call. Pooled connections here keep no
-    # session state (no SET, no LISTEN - the listener has its own connection -
-    # no session advisory locks), so ending a stray transaction is all a
-    # reset needs to do.
-    if conn.is_in_transaction():
-        await conn.execute("ROLLBACK")
-
-
 class Database(Executor):
-    """A pool of connections. Owned by whoever opened it (``Database.open``)."""
+    """A pool of connections, kept on the trio side. Owned by whoever opened
+    it (``Database.open``).
 
-    def __init__(self, pool: asyncpg.Pool, dsn: str) -> None:
-        self._target = pool
+    Why not asyncpg's own pool: its acquire and release are asyncio work of
+    their own (a shielded task per release, timeouts, a queue), which cost
+    more CPU than the query itself for the one-row statements this service
+    runs most (measured in bench/enqueue_bench.py: about 0.4 ms per call on
+    a 2-core machine, against 0.15 ms for the trio->asyncio hop). Here a call
+    takes an idle connection under a trio semaphore and makes exactly one hop:
+    the statement itself.
+
+    Pooled connections keep no session state (no SET, no LISTEN - the
+    listener has its own connection - no session advisory locks), so a
+    connection goes back as it is, after a ROLLBACK if a transaction was left
+    open. One that broke, whose call was cancelled mid-statement, or that
+    belongs to an expired generation (see ``_run``) is closed instead and
+    replaced on a later call.
+    """
+
+    def __init__(self, dsn: str, *, max_size: int, connect: Callable[[], Awaitable[Any]]
+                 ) -> None:
         self.dsn = dsn
+        self._connect = connect
+        self._slots = trio.Semaphore(max_size)
+        self._idle: list[tuple[int, asyncpg.Connection]] = []
+        self._generation = 0
+        self._closed = False
 
     @classmethod
     @asynccontextmanager
@@ -270,45 +284,111 @@ class Database(Executor):
         """Open a pool; blocks until ``min_size`` connections are up.
 
         Connections that break (Postgres restarted, network cut) are replaced
-        by the pool on the next acquire; the failing call raises
-        DatabaseUnavailable. ``command_timeout`` bounds every statement, so a
-        half-open connection (no FIN, no RST) raises DatabaseUnavailable too
-        instead of hanging until the kernel gives up (minutes).
+        on a later call; the failing call raises DatabaseUnavailable.
+        ``command_timeout`` bounds every statement, so a half-open connection
+        (no FIN, no RST) raises DatabaseUnavailable too instead of hanging
+        until the kernel gives up (minutes).
         """
-        pool = await _hop(asyncpg.create_pool, dsn, min_size=min_size, max_size=max_size,
-                          timeout=connect_timeout, command_timeout=command_timeout,
-                          reset=_reset_pooled, statement_cache_size=statement_cache_size,
-                          server_settings=_server_settings(application_name))
-        try:
-            yield cls(pool, dsn)
-        finally:
-            with trio.move_on_after(5, shield=True) as scope:
-                await _hop(pool.close)
-            if scope.cancelled_caught:
-                pool.terminate()
+        if not 0 <= min_size <= max_size or max_size < 1:
+            raise ValueError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max "
+                             f"({max_size}) and max >= 1")
 
-    async def _call(self, fn: Callable[..., Awaitable[T]], *args: object) -> T:
+        async def connect() -> Any:
+            with trio.fail_after(connect_timeout + 1):
+                return await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
+                                  command_timeout=command_timeout,
+                                  statement_cache_size=statement_cache_size,
+                                  server_settings=_server_settings(application_name))
+
+        db = cls(dsn, max_size=max_size, connect=connect)
         try:
-            return await _hop(fn, *args)
+            for _ in range(min_size):
+                db._idle.append((db._generation, await connect()))
+            yield db
+        finally:
+            db._closed = True
+            idle, db._idle = db._idle, []
+            with trio.move_on_after(5, shield=True):
+                for _, conn in idle:
+                    await _close_quietly(conn)
+            for _, conn in idle:
+                conn.terminate()  # no-op for the ones that closed
+
+    async def _take(self) -> tuple[int, Any]:
+        if self._closed:
+            raise DatabaseUnavailable("the connection pool is closed")
+        await self._slots.acquire()
+        try:
+            while self._idle:
+                generation, conn = self._idle.pop()
+                if generation == self._generation and not conn.is_closed():
+                    return generation, conn
+                conn.terminate()
+            return self._generation, await self._connect()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    async def _give(self, generation: int, conn: Any, *, reusable: bool) -> None:
+        try:
+            if (reusable and not self._closed and generation == self._generation
+                    and not conn.is_closed()):
+                if conn.is_in_transaction():
+                    with trio.move_on_after(5, shield=True):
+                        await _hop(conn.execute, "ROLLBACK")
+                    reusable = not conn.is_in_transaction()
+                if reusable:
+                    self._idle.append((generation, conn))
+                    return
+            conn.terminate()
+        except DatabaseError:
+            conn.terminate()
+        finally:
+            self._slots.release()
+
+    async def _run(self, method: str, *args: object) -> Any:
+        generation, conn = await self._take()
+        reusable = False
+        try:
+            result = await _hop(getattr(conn, method), *args)
+            reusable = True
+            return result
         except DatabaseUnavailable as exc:
             if exc.sqlstate is not None:
                 # The server answered, but the session is of no use (a
                 # read-only server after a failover): a broken socket makes
                 # asyncpg drop its connection, this does not. Replace them all
-                # at their next acquire, so the pool finds the new primary.
-                await _hop(self._target.expire_connections)
+                # at their next use, so the pool finds the new primary.
+                self._generation += 1
             raise
+        except DatabaseError:
+            reusable = True  # the server answered: the session is fine
+            raise
+        finally:
+            # Cancelled mid-statement, or anything unexpected: do not reuse.
+            await self._give(generation, conn, reusable=reusable)
 
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Connection]:
-        conn = await _hop(self._target.acquire)
+        generation, conn = await self._take()
+        reusable = False
         try:
             yield Connection(conn)
+            reusable = True
+        except DatabaseUnavailable:
+            raise
+        except DatabaseError:
+            reusable = True
+            raise
         finally:
-            with trio.move_on_after(5, shield=True) as scope:
-                await _hop(self._target.release, conn)
-            if scope.cancelled_caught:
-                conn.terminate()
+            await self._give(generation, conn, reusable=reusable)
+
+
+async def _close_quietly(conn: Any) -> None:
+    try:
+        await _hop(conn.close)
+    except DatabaseError:
+        conn.terminate()
 
 
 class ListenConnection:
