@@ -74,6 +74,36 @@ async def test_enqueue_wakes_a_worker(running: tuple[QueueService, Recorder],
     assert recorder.ran == [job_id]
 
 
+async def test_one_job_at_a_time_costs_one_claim_statement_per_job(
+        running: tuple[QueueService, Recorder], queue: Queue,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trickle regime: the ack of a job claims the next one in the same
+    round trip; when that claim finds nothing the worker waits instead of
+    claiming again (a job committed meanwhile wakes it or leaves a credit).
+    Before: two claim statements per job, one of them always empty."""
+    service, recorder = running
+    with trio.fail_after(5):
+        while service.pool.wakeups.idle < service.settings.queue.workers:
+            await trio.sleep(0.01)
+    claims = 0
+    real_claim = Queue.claim
+
+    async def counting_claim(self: Queue, limit: int, worker_id: str) -> list[ClaimedJob]:
+        nonlocal claims
+        claims += 1
+        return await real_claim(self, limit, worker_id)
+
+    monkeypatch.setattr(Queue, "claim", counting_claim)
+    ids = []
+    for n in range(20):
+        job_id = await queue.enqueue_index("acme", f"trickle-{n}", {})
+        await wait_status(queue, job_id, JobStatus.SUCCEEDED)
+        ids.append(job_id)
+    assert recorder.ran == ids
+    # One claim per job; a little slack for a wake-up credit racing an ack.
+    assert claims <= 20 + service.settings.queue.workers, claims
+
+
 async def test_jobs_waiting_before_start_are_drained(db: Database, settings: Settings) -> None:
     queue = Queue(db, settings.queue)
     ids = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(30)])
