@@ -204,9 +204,14 @@ async def test_replaying_a_batch_is_harmless_and_replaces_documents(
 async def test_upsert_strips_nul_and_lone_surrogates(
         standin: ManticoreStandIn, backend: ManticoreBackend) -> None:
     await backend.ensure_schema("acme")
-    await backend.upsert([doc(1, body="pay\x00ment due \udcff now")])
+    await backend.upsert([doc(1, body="pay\x00ment due \udcff now"),
+                          doc(2, subject="Grü\x00ße", body="Grüße \udcff 日本 ok"),
+                          doc(3, body="Grüße 日本 as sent")])
 
-    assert standin.tables[TABLE].docs[1]["body"] == "payment due \ufffd now"
+    docs = standin.tables[TABLE].docs
+    assert docs[1]["body"] == "payment due \ufffd now"
+    assert (docs[2]["subject"], docs[2]["body"]) == ("Grüße", "Grüße \ufffd 日本 ok")
+    assert docs[3]["body"] == "Grüße 日本 as sent"
     assert await ids(backend, "payment") == {1}
 
 
