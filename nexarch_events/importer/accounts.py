@@ -24,10 +24,11 @@ a "sync now", so the scheduler picks them up at once.
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ from ..errors import ConfigurationError, DatabaseError, ImapError, InvalidJobErr
 from ..models import validate_tenant_slug
 from ..settings import ImportSettings
 from .folders import DEFAULT_EXCLUDED_PATTERNS, Folder, FolderRules, parse_list, select_folders
-from .mailboxes import MailboxConfig, oauth_client_of
+from .mailboxes import MailboxConfig, MailboxRegistry, oauth_client_of
 from .oauth import OAuthClient
 from .signin import SignIn
 from .state import DEFAULT_INTERVAL_SECONDS, StateStore, validate_interval
@@ -137,6 +138,28 @@ class Discovery:
     conflicts: tuple[str, ...] = field(default_factory=tuple)
 
 
+#: What ``folder_state`` calls a folder, worst first.
+FOLDER_STATES = ("gone", "error", "warning", "paused", "not synced yet", "ok")
+
+
+def folder_state(row: Mapping[str, Any]) -> str:
+    """One word for a folder's mailbox row (``MailboxRegistry.list``): gone
+    (the last discovery did not find it: not synced), error (the last
+    attempt failed), warning (the last run warned, or messages keep
+    failing, or IDLE is unavailable), paused (disabled), not synced yet, ok."""
+    if row.get("folder_gone_at") is not None:
+        return "gone"
+    if row.get("last_error"):
+        return "error"
+    if row.get("warning") or row.get("failures") or row.get("idle_status"):
+        return "warning"
+    if not row.get("enabled", True):
+        return "paused"
+    if row.get("last_success_at") is None:
+        return "not synced yet"
+    return "ok"
+
+
 class AccountRegistry:
     def __init__(self, db: Executor) -> None:
         self.db = db
@@ -176,6 +199,47 @@ class AccountRegistry:
             validate_tenant_slug(tenant_slug)
         rows = await self.db.fetch(_SQL["account_list"], tenant_slug)
         return [{k: v for k, v in dict(r).items() if not k.endswith("_ref")} for r in rows]
+
+    async def get_by_id(self, account_id: int, *,
+                        tenant_slug: str | None = None) -> AccountConfig:
+        """An account by id, within ``tenant_slug`` (None: any tenant). Raises
+        JobNotFound if there is none (or it belongs to another tenant)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["account_get_by_id"], int(account_id), tenant_slug)
+        if row is None:
+            scope = "" if tenant_slug is None else f" in tenant {tenant_slug!r}"
+            raise JobNotFound(f"no account with id {account_id}{scope}")
+        return AccountConfig.from_row(row)
+
+    async def overview(self, tenant_slug: str | None = None
+                       ) -> builtins.list[dict[str, Any]]:
+        """Accounts (of one tenant, or all) as ``list`` gives them, each with
+        ``folders``: its folders' mailboxes as ``MailboxRegistry.list`` gives
+        them (sync state included, secret references left out), each with
+        its ``state`` (``folder_state``). Two reads, no transaction: a folder
+        discovered in between is shown at the next call."""
+        accounts = await self.list(tenant_slug)
+        folders: dict[int, builtins.list[dict[str, Any]]] = {a["id"]: [] for a in accounts}
+        for row in await MailboxRegistry(self.db).list(tenant_slug):
+            if row.get("account_id") in folders:
+                folders[row["account_id"]].append({**row, "state": folder_state(row)})
+        return [{**a, "folders": folders[a["id"]]} for a in accounts]
+
+    async def request_sync(self, account_id: int, *,
+                           tenant_slug: str | None = None
+                           ) -> tuple[str, str, builtins.list[str]]:
+        """"Sync now" for every folder the account archives (see
+        ``account_request_sync`` in importer.sql). Returns the account's
+        tenant, name and the folders' mailbox names. Raises JobNotFound if
+        there is no such account (in that tenant)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["account_request_sync"], int(account_id), tenant_slug)
+        if row is None:
+            scope = "" if tenant_slug is None else f" in tenant {tenant_slug!r}"
+            raise JobNotFound(f"no account with id {account_id}{scope}")
+        return row["tenant_slug"], row["name"], list(row["mailboxes"])
 
     async def enabled(self) -> Sequence[AccountConfig]:
         return [AccountConfig.from_row(r) for r in await self.db.fetch(_SQL["account_list"], None)
