@@ -204,3 +204,28 @@ async def test_the_service_picks_up_a_new_folder(db: Database, carol: Dovecot) -
         await rec.wait_for_imported(tenant="acme", mailbox=folder_mailbox_name("carol", "Later"),
                                     count=1, timeout=30)
         nursery.cancel_scope.cancel()
+
+
+async def test_events_name_the_decoded_folder(db: Database, carol: Dovecot) -> None:
+    """Every mail-imported notification carries the folder's decoded name
+    (Dovecot sends "Projekte/&ANw-bersicht"), the new-message events and a
+    resync's alike; a mailbox registered by hand names its folder too."""
+    config = account(carol)
+    await AccountRegistry(db).add(config)
+    await discovered(db, config)
+    umlaut = folder_mailbox_name("carol", "Projekte/Übersicht")
+    async with record_imports(db.dsn) as rec:
+        await sync_all(db)
+        await rec.wait_for_imported(tenant="acme", count=4, timeout=30)
+        # A folder deleted and made again has a new UIDVALIDITY: a resync.
+        carol.delete_mailbox("carol", "Projekte/Übersicht")
+        carol.create_mailbox("carol", "Projekte/Übersicht")
+        carol.append("carol", "Projekte/Übersicht", mail(7))
+        await sync_all(db)
+        await rec.wait_for_imported(tenant="acme", mailbox=umlaut, count=2, timeout=30)
+    imported = {(e.mailbox, e.folder) for e in rec.select(tenant="acme")}
+    assert imported == {(folder_mailbox_name("carol", f), f)
+                        for f in ("INBOX", "Sent", "Projekte/Übersicht", "Archiv 2024")}
+    [resync] = rec.select(event="resync", mailbox=umlaut)
+    assert resync.folder == "Projekte/Übersicht"
+    assert resync.payload["folder"] == "Projekte/Übersicht"

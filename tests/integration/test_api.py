@@ -17,7 +17,7 @@ import secrets
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -886,6 +886,29 @@ async def test_events_failures_and_resyncs_are_announced(env: Env) -> None:
         await env.failed_job("acme")
         await env.import_mail("acme", "inbox", [message("failev-acme")])
         assert await events.quiet(1.0) == []
+
+
+async def test_imported_events_name_the_decoded_folder_live_and_replayed(env: Env) -> None:
+    """The folder a registered mailbox reads, decoded, is in its imported
+    events, live (from the notification) and replayed (from the tables);
+    mail stored under a name nobody registered has folder null."""
+    await MailboxRegistry(env.db).add(replace(mailbox_config("acme", "plans"), folder="Pläne"))
+    async with open_events(env, env.tokens.acme) as events:
+        opened = await events.next()
+        [stored] = await env.import_mail("acme", "plans", [message("folderlive")])
+        [loose] = await env.import_mail("acme", "unregistered", [message("folderloose")])
+        live = await events.until(lambda e: e.event == "imported"
+                                  and e.data["archive_id"] == loose.archive_id)
+    assert [(e.data["mailbox"], e.data["folder"]) for e in live if e.event == "imported"] == [
+        ("plans", "Pläne"), ("unregistered", None)]
+    assert opened.id is not None
+    async with open_events(env, env.tokens.acme, last_id=opened.id) as events:
+        await events.next()
+        replayed = await events.until(lambda e: e.event == "imported"
+                                      and e.data["archive_id"] == loose.archive_id)
+    assert [(e.data["archive_id"], e.data["folder"], e.data.get("replayed"))
+            for e in replayed if e.event == "imported"] == [
+        (stored.archive_id, "Pläne", True), (loose.archive_id, None, True)]
 
 
 async def test_events_keepalive_comments(env: Env) -> None:
