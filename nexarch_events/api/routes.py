@@ -343,7 +343,7 @@ _FOLDER_FIELDS = ("id", "name", "folder", "state", "enabled", "folder_gone_at",
 def _account_json(row: dict[str, object]) -> dict[str, object]:
     out = {name: row.get(name) for name in _ACCOUNT_FIELDS}
     out["tenant"] = row.get("tenant_slug")
-    raw_folders = row.get("folders")
+    raw_folders = row.get("folder_mailboxes")
     folders = raw_folders if isinstance(raw_folders, list) else []
     shown = []
     for folder in folders:

@@ -214,8 +214,9 @@ class AccountRegistry:
 
     async def overview(self, tenant_slug: str | None = None
                        ) -> builtins.list[dict[str, Any]]:
-        """Accounts (of one tenant, or all) as ``list`` gives them, each with
-        ``folders``: its folders' mailboxes as ``MailboxRegistry.list`` gives
+        """Accounts (of one tenant, or all) as ``list`` gives them (``folders``
+        and ``folders_gone`` are counts), each with ``folder_mailboxes``: its
+        folders' mailboxes as ``MailboxRegistry.list`` gives
         them (sync state included, secret references left out), each with
         its ``state`` (``folder_state``). Two reads, no transaction: a folder
         discovered in between is shown at the next call."""
@@ -224,7 +225,7 @@ class AccountRegistry:
         for row in await MailboxRegistry(self.db).list(tenant_slug):
             if row.get("account_id") in folders:
                 folders[row["account_id"]].append({**row, "state": folder_state(row)})
-        return [{**a, "folders": folders[a["id"]]} for a in accounts]
+        return [{**a, "folder_mailboxes": folders[a["id"]]} for a in accounts]
 
     async def request_sync(self, account_id: int, *,
                            tenant_slug: str | None = None
