@@ -379,7 +379,9 @@ SELECT * FROM mail_import_accounts
 -- name: account_request_sync
 -- "Sync now" for a whole account: every folder it archives (not the gone
 -- ones, which no scheduler runs) is requested as one mailbox's "sync now"
--- is, one notification per folder, so running schedulers need nothing new.
+-- is, one notification per folder, so running schedulers need nothing new;
+-- and one "discovery_requested", so that a running discovery lists the
+-- account's folders now (a folder made since the last discovery is found).
 -- $1 account id, $2 tenant or NULL for any. No row: no such account there.
 WITH acc AS (
     SELECT id, tenant_slug, name FROM mail_import_accounts
@@ -404,5 +406,9 @@ notified AS (
 SELECT acc.id, acc.tenant_slug, acc.name,
        coalesce((SELECT array_agg(mailbox_name ORDER BY mailbox_name) FROM requested),
                 '{}') AS mailboxes,
-       (SELECT sent FROM notified) AS sent
+       (SELECT sent FROM notified) AS sent,
+       pg_notify('nexarch_import_requests',
+                 json_build_object('v', 1, 'event', 'discovery_requested',
+                                   'tenant', acc.tenant_slug, 'account', acc.name)::text)
+           AS discovery
   FROM acc;

@@ -656,11 +656,15 @@ async def test_account_sync_now_wakes_every_folder_within_the_callers_tenant(
             async for event in sub:
                 if isinstance(event, Notification):
                     data = event.json()
-                    woken.add((data["tenant"], data["mailbox"]))
-                    if len(woken) == 2:
+                    woken.add((data["event"], data["tenant"],
+                               data.get("mailbox") or data["account"]))
+                    if len(woken) == 3:
                         break
         nursery.cancel_scope.cancel()
-    assert woken == {("acme", "alice/INBOX"), ("acme", "alice/Sent")}
+    # Each folder's sync, and a discovery of the account (new folders).
+    assert woken == {("sync_requested", "acme", "alice/INBOX"),
+                     ("sync_requested", "acme", "alice/Sent"),
+                     ("discovery_requested", "acme", "alice")}
     assert await requested() == {"alice/INBOX": True, "alice/Old": False,
                                  "alice/Sent": True, "gina/INBOX": False}
     assert (await states.get("globex", "gina/INBOX")).sync_requested_at is None
