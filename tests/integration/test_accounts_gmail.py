@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from nexarch_events.aio import Database
+from nexarch_events.errors import ImapAuthError
 from nexarch_events.importer.accounts import (
     AccountConfig,
     AccountRegistry,
@@ -160,7 +161,7 @@ async def test_a_token_the_server_refuses_is_replaced_once(db: Database, gmail: 
         await run_sync(db, folder, sign_in, imap_timeout=30)
         gmail.endpoint.expire_all()
         gmail.imap.add_message(mail(9))
-        with pytest.raises(Exception, match="refused"):
+        with pytest.raises(ImapAuthError, match="refused"):
             await run_sync(db, folder, sign_in, imap_timeout=30)
         refused = await StateStore(db).get("acme", folder.name)
         report = await run_sync(db, folder, sign_in, imap_timeout=30)
