@@ -144,7 +144,8 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 # Registered accounts: their folders become mailboxes the
                 # scheduler picks up (a new folder's "sync now" wakes it).
                 nursery.start_soon(AccountDiscovery(db, settings.importer,
-                                                    secret_key=settings.secret_key).run)
+                                                    secret_key=settings.secret_key,
+                                                    listener=service.listener).run)
             await nursery.start(_run_then_stop, service, nursery.cancel_scope)
             if api:
                 from .api import ApiContext, serve_api

@@ -220,9 +220,12 @@ SELECT m.*
 -- name: archived_after
 -- Archived messages of tenant $1 (NULL: all) with an id above $2, at most
 -- $3, each with the first place it was seen (none if stored without one):
--- the replay of an event stream that resumes after archive id $2.
+-- the replay of an event stream that resumes after archive id $2. The
+-- folder is the registered mailbox's (decoded), as live events carry it.
 SELECT a.id AS archive_id, a.tenant_slug, a.archived_at,
-       l.mailbox, l.uidvalidity, l.uid
+       l.mailbox, l.uidvalidity, l.uid,
+       (SELECT m.folder FROM mail_import_mailboxes m
+         WHERE m.tenant_slug = a.tenant_slug AND m.name = l.mailbox) AS folder
   FROM mail_archive a
   LEFT JOIN LATERAL (
         SELECT loc.mailbox, loc.uidvalidity, loc.uid
@@ -366,3 +369,46 @@ failures AS (
      WHERE f.tenant_slug = boxes.tenant_slug AND f.mailbox_name = boxes.name
 )
 SELECT id FROM acc;
+
+-- name: account_get_by_id
+-- An account by id, within tenant $2 (NULL: any tenant). No row: no such
+-- account there (the HTTP API answers 404 either way).
+SELECT * FROM mail_import_accounts
+ WHERE id = $1::bigint AND ($2::text IS NULL OR tenant_slug = $2::text);
+
+-- name: account_request_sync
+-- "Sync now" for a whole account: every folder it archives (not the gone
+-- ones, which no scheduler runs) is requested as one mailbox's "sync now"
+-- is, one notification per folder, so running schedulers need nothing new;
+-- and one "discovery_requested", so that a running discovery lists the
+-- account's folders now (a folder made since the last discovery is found).
+-- $1 account id, $2 tenant or NULL for any. No row: no such account there.
+WITH acc AS (
+    SELECT id, tenant_slug, name FROM mail_import_accounts
+     WHERE id = $1::bigint AND ($2::text IS NULL OR tenant_slug = $2::text)
+),
+requested AS (
+    UPDATE mail_import_state s
+       SET sync_requested_at = now(), updated_at = now()
+      FROM mail_import_mailboxes m, acc
+     WHERE m.account_id = acc.id AND m.folder_gone_at IS NULL
+       AND s.tenant_slug = m.tenant_slug AND s.mailbox_name = m.name
+    RETURNING s.tenant_slug, s.mailbox_name
+),
+notified AS (
+    -- Referenced below, so it runs: one pg_notify per requested folder.
+    SELECT count(pg_notify('nexarch_import_requests',
+                           json_build_object('v', 1, 'event', 'sync_requested',
+                                             'tenant', tenant_slug,
+                                             'mailbox', mailbox_name)::text)) AS sent
+      FROM requested
+)
+SELECT acc.id, acc.tenant_slug, acc.name,
+       coalesce((SELECT array_agg(mailbox_name ORDER BY mailbox_name) FROM requested),
+                '{}') AS mailboxes,
+       (SELECT sent FROM notified) AS sent,
+       pg_notify('nexarch_import_requests',
+                 json_build_object('v', 1, 'event', 'discovery_requested',
+                                   'tenant', acc.tenant_slug, 'account', acc.name)::text)
+           AS discovery
+  FROM acc;

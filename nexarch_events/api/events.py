@@ -273,7 +273,8 @@ class EventStream:
         self._mark = Watermark(max(self._mark.archive_id, message.archive_id), self._mark.job_id)
         await self._emit("imported", {
             "v": 1, "event": "imported", "tenant": message.tenant_slug,
-            "mailbox": message.mailbox, "uidvalidity": message.uidvalidity, "uid": message.uid,
+            "mailbox": message.mailbox, "folder": message.folder,
+            "uidvalidity": message.uidvalidity, "uid": message.uid,
             "archive_id": message.archive_id, "duplicate": False,
             "channel": MAIL_IMPORTED_CHANNEL, "replayed": True})
 

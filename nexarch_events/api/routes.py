@@ -16,6 +16,7 @@ import trio
 
 from ..db import sqlfiles
 from ..errors import DatabaseError, InvalidJobError, JobNotFound
+from ..importer.accounts import FOLDER_STATES, AccountRegistry
 from ..importer.mailboxes import MailboxRegistry
 from ..importer.state import StateStore
 from ..index.base import (
@@ -77,6 +78,8 @@ def build_router(ctx: ApiContext) -> Router:
         ("POST", "/jobs/{id}/retry", api.retry_job, tenant),
         ("GET", "/mailboxes", api.mailboxes, tenant),
         ("POST", "/mailboxes/{id}/sync", api.sync_mailbox, tenant),
+        ("GET", "/accounts", api.accounts, tenant),
+        ("POST", "/accounts/{id}/sync", api.sync_account, tenant),
         ("GET", "/search", api.search, SEARCH_PARAMS),
         ("GET", "/events", api.events, tenant),
     ]
@@ -90,6 +93,7 @@ class _Api:
         self.ctx = ctx
         self.queue = Queue(ctx.db, ctx.settings.queue)
         self.registry = MailboxRegistry(ctx.db)
+        self.accounts_registry = AccountRegistry(ctx.db)
         self.states = StateStore(ctx.db)
         package = resources.files("nexarch_events")
         self.files = {path: (package.joinpath("static", name).read_bytes(), kind)
@@ -207,6 +211,23 @@ class _Api:
         return json_response({"sync_requested": True, "id": mailbox_id,
                               "tenant": config.tenant_slug, "name": config.name}, 202)
 
+    async def accounts(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        rows = await self.accounts_registry.overview(tenant)
+        return json_response({"tenant": tenant, "accounts": [_account_json(r) for r in rows]})
+
+    async def sync_account(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        account_id = request.path_id("id", "account")
+        try:
+            owner, name, mailboxes = await self.accounts_registry.request_sync(
+                account_id, tenant_slug=tenant)
+        except JobNotFound:
+            scope = "" if tenant is None else f" in tenant {tenant!r}"
+            raise ApiError(404, f"no account {account_id}{scope}") from None
+        return json_response({"sync_requested": True, "id": account_id, "tenant": owner,
+                              "name": name, "mailboxes": mailboxes}, 202)
+
     async def search(self, request: Request, who: Principal) -> Response:
         tenant = tenant_scope(who, request, required=True)
         assert tenant is not None
@@ -318,6 +339,49 @@ def _mailbox_json(row: dict[str, object]) -> dict[str, object]:
     success = row.get("last_success_at")
     out["since_success_s"] = round((datetime.now(UTC) - success).total_seconds(), 3) \
         if isinstance(success, datetime) else None
+    return out
+
+
+#: What /accounts shows of an account: never the user name, the secret
+#: references, the OAuth client or the CA file's path.
+_ACCOUNT_FIELDS = ("id", "name", "host", "port", "tls_mode", "auth_method", "use_idle",
+                   "interval_seconds", "enabled", "all_mail_only", "exclude_patterns",
+                   "include_patterns", "last_discovery_at", "last_discovery_error")
+#: ... and of each folder.
+_FOLDER_FIELDS = ("id", "name", "folder", "state", "enabled", "folder_gone_at",
+                  "last_uidvalidity", "last_synced_uid", "server_uidnext", "server_exists",
+                  "imported_total", "failures", "last_run_finished_at", "last_success_at",
+                  "last_error", "last_error_at", "warning", "idle_status", "sync_requested_at",
+                  "last_attempt_at", "interval_seconds")
+
+
+def _account_json(row: dict[str, object]) -> dict[str, object]:
+    out = {name: row.get(name) for name in _ACCOUNT_FIELDS}
+    out["tenant"] = row.get("tenant_slug")
+    raw_folders = row.get("folder_mailboxes")
+    folders = raw_folders if isinstance(raw_folders, list) else []
+    shown = []
+    for folder in folders:
+        mailbox = _mailbox_json(folder)
+        item = {name: folder.get(name) for name in _FOLDER_FIELDS}
+        item["pending_messages"] = mailbox["pending_messages"]
+        item["since_success_s"] = mailbox["since_success_s"]
+        shown.append(item)
+    out["folders"] = shown
+    # The account's lag is its worst folder's (gone folders are not synced).
+    live = [f for f in shown if f["state"] != "gone"]
+    pending = [f["pending_messages"] for f in live if isinstance(f["pending_messages"], int)]
+    since = [f["since_success_s"] for f in live]
+    out["pending_messages"] = sum(pending) if pending else None
+    out["since_success_s"] = None if not since or None in since else max(
+        s for s in since if isinstance(s, float))
+    if row.get("last_discovery_error"):
+        out["state"] = "discovery failed"
+    elif row.get("last_discovery_at") is None:
+        out["state"] = "not discovered yet"
+    else:
+        states = {str(f["state"]) for f in live}
+        out["state"] = next((s for s in FOLDER_STATES if s in states), "ok")
     return out
 
 

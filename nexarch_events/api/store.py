@@ -27,6 +27,8 @@ class ArchivedMessage:
     mailbox: str | None
     uidvalidity: int | None
     uid: int | None
+    #: The folder of that mailbox (decoded); None if it is not registered.
+    folder: str | None = None
 
 
 async def mailboxes_of(db: Executor, tenant_slug: str,
@@ -45,7 +47,7 @@ async def archived_after(db: Executor, archive_id: int, *, tenant_slug: str | No
     """Archived messages (of one tenant, or all) with a higher id, ascending."""
     rows = await db.fetch(_SQL["archived_after"], tenant_slug, int(archive_id), limit)
     return [ArchivedMessage(r["archive_id"], r["tenant_slug"], r["archived_at"], r["mailbox"],
-                            r["uidvalidity"], r["uid"]) for r in rows]
+                            r["uidvalidity"], r["uid"], r["folder"]) for r in rows]
 
 
 async def newest_archive_id(db: Executor, *, tenant_slug: str | None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from ..aio import Database
@@ -67,7 +68,7 @@ def cmd_account_discover(args: argparse.Namespace, settings: Settings, url: str)
 
 
 def cmd_account_list(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    rows = _accounts_call(url, lambda db, r: r.list(args.tenant))
+    rows = _accounts_call(url, lambda db, r: r.overview(args.tenant))
     if args.json:
         print(json.dumps([jsonable(r) for r in rows], indent=2, ensure_ascii=False))
         return EXIT_OK
@@ -78,7 +79,26 @@ def cmd_account_list(args: argparse.Namespace, settings: Settings, url: str) -> 
         print(f"{r['tenant_slug'] + '/' + r['name']:<32} "
               f"{r['host'] + ':' + str(r['port']):<28} {r['folders']:>7} "
               f"{r['folders_gone']:>5}  {state}")
+        for f in r["folder_mailboxes"]:
+            print("  " + _folder_line(f))
     return EXIT_OK
+
+
+def _folder_line(f: dict[str, Any]) -> str:
+    """One folder under its account: decoded name, state, imported / on the
+    server at the last run, UIDs pending, time since the last success."""
+    on_server = "-" if f["server_exists"] is None else str(f["server_exists"])
+    uidnext, synced = f["server_uidnext"], f["last_synced_uid"]
+    pending = "-" if uidnext is None or synced is None else str(max(0, uidnext - 1 - synced))
+    success = f["last_success_at"]
+    since = "never" if success is None else \
+        f"{(datetime.now(UTC) - success).total_seconds():.0f} s ago"
+    detail = f["last_error"] or f["warning"] or f["idle_status"] or ""
+    if f["failures"]:
+        detail = f"{f['failures']} message(s) failing; {detail}".rstrip("; ")
+    text = (f"{f['folder'][:40]:<40} {f['state']:<15} {f['imported_total'] or 0:>6} / "
+            f"{on_server:<6} pending {pending:<6} {since:<12}")
+    return f"{text} {detail[:80]}".rstrip()
 
 
 def cmd_account_remove(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -108,7 +128,7 @@ def register(sub: Subparsers) -> None:
     discover.add_argument("tenant")
     discover.add_argument("name")
     discover.set_defaults(fn=cmd_account_discover)
-    lst = asub.add_parser("list", help="registered accounts with their folder counts")
+    lst = asub.add_parser("list", help="registered accounts with their folders' state")
     lst.add_argument("--tenant")
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(fn=cmd_account_list)

@@ -19,15 +19,21 @@ the CLI and the API show.
 ``AccountDiscovery`` runs discoveries in the service: every account once at
 start and every ``import.discovery_interval`` seconds after, each account
 waiting at least its backoff after a failure; new folders are announced with
-a "sync now", so the scheduler picks them up at once.
+a "sync now", so the scheduler picks them up at once. An account's "Sync
+now" (``AccountRegistry.request_sync``) also asks for a discovery of it
+(``discovery_requested`` on the import-requests channel): answered at once,
+but not within an account's backoff, and no sooner than ``REQUEST_MIN_GAP``
+after its last discovery (requests meanwhile are answered by that one), so
+clicks never become a storm of sign-ins.
 """
 
 from __future__ import annotations
 
+import builtins
 import hashlib
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,9 +43,10 @@ from ..aio import Database, Executor, Row
 from ..db import sqlfiles
 from ..errors import ConfigurationError, DatabaseError, ImapError, InvalidJobError, JobNotFound
 from ..models import validate_tenant_slug
+from ..queue.notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
 from ..settings import ImportSettings
 from .folders import DEFAULT_EXCLUDED_PATTERNS, Folder, FolderRules, parse_list, select_folders
-from .mailboxes import MailboxConfig, oauth_client_of
+from .mailboxes import MailboxConfig, MailboxRegistry, oauth_client_of
 from .oauth import OAuthClient
 from .signin import SignIn
 from .state import DEFAULT_INTERVAL_SECONDS, StateStore, validate_interval
@@ -51,6 +58,8 @@ _NOT_IN_NAME = re.compile(r"[^A-Za-z0-9._@+/-]+")
 MAX_MAILBOX_NAME = 200
 #: After a failed discovery, wait this long before the next (doubling).
 BACKOFF_FLOOR_S, BACKOFF_CAP_S = 30.0, 3600.0
+#: A requested discovery of an account runs no sooner than this after its last.
+REQUEST_MIN_GAP = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +146,28 @@ class Discovery:
     conflicts: tuple[str, ...] = field(default_factory=tuple)
 
 
+#: What ``folder_state`` calls a folder, worst first.
+FOLDER_STATES = ("gone", "error", "warning", "paused", "not synced yet", "ok")
+
+
+def folder_state(row: Mapping[str, Any]) -> str:
+    """One word for a folder's mailbox row (``MailboxRegistry.list``): gone
+    (the last discovery did not find it: not synced), error (the last
+    attempt failed), warning (the last run warned, or messages keep
+    failing, or IDLE is unavailable), paused (disabled), not synced yet, ok."""
+    if row.get("folder_gone_at") is not None:
+        return "gone"
+    if row.get("last_error"):
+        return "error"
+    if row.get("warning") or row.get("failures") or row.get("idle_status"):
+        return "warning"
+    if not row.get("enabled", True):
+        return "paused"
+    if row.get("last_success_at") is None:
+        return "not synced yet"
+    return "ok"
+
+
 class AccountRegistry:
     def __init__(self, db: Executor) -> None:
         self.db = db
@@ -176,6 +207,48 @@ class AccountRegistry:
             validate_tenant_slug(tenant_slug)
         rows = await self.db.fetch(_SQL["account_list"], tenant_slug)
         return [{k: v for k, v in dict(r).items() if not k.endswith("_ref")} for r in rows]
+
+    async def get_by_id(self, account_id: int, *,
+                        tenant_slug: str | None = None) -> AccountConfig:
+        """An account by id, within ``tenant_slug`` (None: any tenant). Raises
+        JobNotFound if there is none (or it belongs to another tenant)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["account_get_by_id"], int(account_id), tenant_slug)
+        if row is None:
+            scope = "" if tenant_slug is None else f" in tenant {tenant_slug!r}"
+            raise JobNotFound(f"no account with id {account_id}{scope}")
+        return AccountConfig.from_row(row)
+
+    async def overview(self, tenant_slug: str | None = None
+                       ) -> builtins.list[dict[str, Any]]:
+        """Accounts (of one tenant, or all) as ``list`` gives them (``folders``
+        and ``folders_gone`` are counts), each with ``folder_mailboxes``: its
+        folders' mailboxes as ``MailboxRegistry.list`` gives
+        them (sync state included, secret references left out), each with
+        its ``state`` (``folder_state``). Two reads, no transaction: a folder
+        discovered in between is shown at the next call."""
+        accounts = await self.list(tenant_slug)
+        folders: dict[int, builtins.list[dict[str, Any]]] = {a["id"]: [] for a in accounts}
+        for row in await MailboxRegistry(self.db).list(tenant_slug):
+            if row.get("account_id") in folders:
+                folders[row["account_id"]].append({**row, "state": folder_state(row)})
+        return [{**a, "folder_mailboxes": folders[a["id"]]} for a in accounts]
+
+    async def request_sync(self, account_id: int, *,
+                           tenant_slug: str | None = None
+                           ) -> tuple[str, str, builtins.list[str]]:
+        """"Sync now" for every folder the account archives (see
+        ``account_request_sync`` in importer.sql). Returns the account's
+        tenant, name and the folders' mailbox names. Raises JobNotFound if
+        there is no such account (in that tenant)."""
+        if tenant_slug is not None:
+            validate_tenant_slug(tenant_slug)
+        row = await self.db.fetchrow(_SQL["account_request_sync"], int(account_id), tenant_slug)
+        if row is None:
+            scope = "" if tenant_slug is None else f" in tenant {tenant_slug!r}"
+            raise JobNotFound(f"no account with id {account_id}{scope}")
+        return row["tenant_slug"], row["name"], list(row["mailboxes"])
 
     async def enabled(self) -> Sequence[AccountConfig]:
         return [AccountConfig.from_row(r) for r in await self.db.fetch(_SQL["account_list"], None)
@@ -242,24 +315,43 @@ async def discover(db: Database, account: AccountConfig, sign_in: SignIn, *,
 
 class AccountDiscovery:
     """Discovers every enabled account's folders, at start and every
-    ``settings.discovery_interval`` seconds, until cancelled."""
+    ``settings.discovery_interval`` seconds, and an account at once when its
+    "Sync now" asks (with ``listener``), until cancelled."""
 
     def __init__(self, db: Database, settings: ImportSettings, *,
-                 secret_key: str | None = None) -> None:
+                 secret_key: str | None = None, listener: Listener | None = None,
+                 request_min_gap: float = REQUEST_MIN_GAP) -> None:
         self.db = db
         self.settings = settings
         self.secret_key = secret_key
+        self.listener = listener
+        self.request_min_gap = request_min_gap
         self._sign_ins: dict[tuple[str, str], tuple[AccountConfig, SignIn]] = {}
         self._retry_at: dict[tuple[str, str], tuple[float, float]] = {}
+        self._last_at: dict[tuple[str, str], float] = {}
+        #: Accounts with a requested discovery not yet run.
+        self._pending: set[tuple[str, str]] = set()
+        #: Discoveries tried (a test counts them).
+        self.attempts = 0
+        #: One discovery at a time: a request never overlaps a round.
+        self._lock = trio.Lock()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                   ) -> None:
-        task_status.started()
+        sub: Subscription | None = None
+        if self.listener is not None:
+            sub = self.listener.subscribe(IMPORT_REQUESTS_CHANNEL)
         try:
-            while True:
-                await self.round()
-                await trio.sleep(self.settings.discovery_interval)
+            async with trio.open_nursery() as nursery:
+                if sub is not None:
+                    nursery.start_soon(self._requests, sub)
+                task_status.started()
+                while True:
+                    await self.round()
+                    await trio.sleep(self.settings.discovery_interval)
         finally:
+            if sub is not None and self.listener is not None:
+                self.listener.unsubscribe(sub)
             with trio.move_on_after(5, shield=True):
                 for _, sign_in in self._sign_ins.values():
                     await sign_in.aclose()
@@ -272,10 +364,54 @@ class AccountDiscovery:
             log.warning("importer: cannot read accounts: %s", exc)
             return
         for account in accounts:
-            key = (account.tenant_slug, account.name)
+            await self._discover(account)
+
+    async def _requests(self, sub: Subscription) -> None:
+        """Answer ``discovery_requested`` (an account's "Sync now"): at once,
+        or ``request_min_gap`` after the account's last discovery if that is
+        later; requests while one is pending are answered by it. A missed
+        request (RESYNC) waits for the next round."""
+        async with trio.open_nursery() as nursery:
+            async for item in sub:
+                if not isinstance(item, Notification):
+                    continue
+                payload = item.json()
+                if payload.get("event") != "discovery_requested":
+                    continue
+                tenant, name = payload.get("tenant"), payload.get("account")
+                if not isinstance(tenant, str) or not isinstance(name, str) \
+                        or (tenant, name) in self._pending:
+                    continue
+                self._pending.add((tenant, name))
+                nursery.start_soon(self._requested, tenant, name)
+
+    async def _requested(self, tenant: str, name: str) -> None:
+        try:
+            last = self._last_at.get((tenant, name))
+            if last is not None:
+                await trio.sleep_until(last + self.request_min_gap)
+            try:
+                account = await AccountRegistry(self.db).get(tenant, name)
+            except (JobNotFound, InvalidJobError):
+                return  # removed meanwhile, or not a valid name
+            except DatabaseError as exc:
+                log.warning("importer: cannot read account %s/%s: %s", tenant, name, exc)
+                return
+            if account.enabled:
+                await self._discover(account)
+        finally:
+            self._pending.discard((tenant, name))
+
+    async def _discover(self, account: AccountConfig) -> None:
+        """Discover one account unless it waits its backoff; a failure is
+        logged, recorded on the account, and starts or doubles the backoff."""
+        key = (account.tenant_slug, account.name)
+        async with self._lock:
             retry_at, wait = self._retry_at.get(key, (0.0, 0.0))
             if trio.current_time() < retry_at:
-                continue
+                return
+            self._last_at[key] = trio.current_time()
+            self.attempts += 1
             try:
                 await discover(self.db, account, await self._sign_in(account),
                                imap_timeout=self.settings.imap_timeout)

@@ -177,6 +177,8 @@ class TokenSource:
         self._failures = 0
         self._retry_at = float("-inf")
         self._last_error: OAuthRefused | OAuthUnavailable | None = None
+        #: Sign-ins the IMAP server refused in a row (``reject``).
+        self._rejections = 0
         #: Requests made to the endpoint (for metrics and tests).
         self.requests = 0
         verify: ssl.SSLContext | bool = True
@@ -246,6 +248,32 @@ class TokenSource:
             self._retry_at = float("-inf")
             self._last_error = None
             return self._token.value
+
+    def reject(self, token: str, reason: str) -> None:
+        """The IMAP server refused ``token`` (revoked, expired early, or not
+        valid for this mailbox): it is dropped from the cache, so the next
+        ``token()`` asks the endpoint for a new one. A second refusal before
+        any sign-in succeeds is the provider's answer, not a stale token:
+        the source then waits its refusal backoff (``REFUSED_FLOOR_S``
+        doubling) before it asks again, and ``token()`` raises
+        ``OAuthRefused`` meanwhile. Never blocks."""
+        if self._token is not None and self._token.value == token:
+            self._token = None
+        self._rejections += 1
+        if self._rejections < 2:
+            return
+        self._failures += 1
+        wait = min(BACKOFF_CAP_S, REFUSED_FLOOR_S * 2 ** (self._failures - 1))
+        self._retry_at = self._clock() + wait
+        self._last_error = OAuthRefused(
+            f"sign-in refused by the provider: the IMAP server refused {self._rejections} "
+            f"access token(s) in a row ({_shown(reason, 300)}); next token in {wait:.0f} s")
+        log.warning("oauth token refused by the IMAP server client_id=%s grant=%s "
+                    "retry_in=%.0fs", self.client.client_id, self.client.grant, wait)
+
+    def accepted(self) -> None:
+        """A sign-in with the current token succeeded: refusals start over."""
+        self._rejections = 0
 
     def _form(self) -> dict[str, str]:
         c = self.client

@@ -156,6 +156,8 @@ class ImportScheduler:
         async for item in sub:
             if isinstance(item, Notification):
                 payload = item.json()
+                if payload.get("event", "sync_requested") != "sync_requested":
+                    continue  # e.g. discovery_requested: the discovery's
                 runner = self._runners.get((str(payload.get("tenant")),
                                             str(payload.get("mailbox"))))
                 if runner is not None:

@@ -9,6 +9,12 @@ should end before the token does: ``session_deadline`` says when, and the
 scheduler ends an IDLE connection then and signs in anew, instead of waiting
 for the server to drop it.
 
+A token the IMAP server refuses (revoked or expired at the provider while
+cached here) is dropped, so the next attempt signs in with a new one; a
+second refusal in a row makes the token source wait its refusal backoff
+(``TokenSource.reject``): the mailbox state says "sign-in refused by the
+provider", and neither the endpoint nor the IMAP server is asked in a loop.
+
 Secrets are resolved when a session is opened, not before: a password
 variable set after the service started is picked up by the next attempt,
 and a missing one is that attempt's error (recorded on the mailbox state).
@@ -19,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..aio.imap import ImapEndpoint, ImapSession
+from ..errors import ImapAuthError, OAuthRefused
 from . import secrets
 from .mailboxes import MailboxConfig
 from .oauth import TokenSource
@@ -61,7 +68,18 @@ class SignIn:
                                            environ=self._environ)
             return await ImapSession.open(endpoint, self.config.username, password)
         token = await self._tokens.token()
-        return await ImapSession.open_sasl(endpoint, OAuthLogin(self.config.username, token))
+        try:
+            session = await ImapSession.open_sasl(endpoint,
+                                                  OAuthLogin(self.config.username, token))
+        except OAuthRefused:
+            raise
+        except ImapAuthError as exc:
+            # The next attempt signs in with a new token (or, after refusals
+            # in a row, waits the token source's backoff).
+            self._tokens.reject(token, str(exc))
+            raise
+        self._tokens.accepted()
+        return session
 
     def session_deadline(self) -> float | None:
         """Seconds from now until a session just opened with the current

@@ -1,4 +1,5 @@
-// The status page: polls /queue and /mailboxes, follows /events, searches.
+// The status page: polls /queue, /accounts and /mailboxes, follows /events,
+// searches.
 // Data is only ever rendered as text (textContent / append of strings),
 // never as HTML. The token comes from the URL fragment (#token=..., never
 // sent to a server) or the form, and is kept in this tab's sessionStorage.
@@ -151,12 +152,82 @@
       if (!(err instanceof Unauthorized)) $("queue-error").textContent = err.message;
     }
     try {
+      const a = await api("GET", "/accounts");
+      $("account-rows").replaceChildren(...a.accounts.flatMap(accountRows));
+      $("account-error").textContent = a.accounts.length ? "" : "No accounts registered.";
+    } catch (err) {
+      if (!(err instanceof Unauthorized)) $("account-error").textContent = err.message;
+    }
+    try {
       const m = await api("GET", "/mailboxes");
       $("mailbox-rows").replaceChildren(...m.mailboxes.map(mailboxRow));
       $("mailbox-error").textContent = m.mailboxes.length ? "" : "No mailboxes registered.";
     } catch (err) {
       if (!(err instanceof Unauthorized)) $("mailbox-error").textContent = err.message;
     }
+  }
+
+  // A "Sync now" button: POST to path, then say how it went (as text).
+  function syncButton(path, label) {
+    const button = el("button", {type: "button", className: "quiet", title: label}, "Sync now");
+    button.addEventListener("click", async () => {
+      button.disabled = true;
+      try {
+        await api("POST", path);
+        button.textContent = "requested";
+      } catch (err) {
+        button.textContent = "failed";
+        button.title = err.message;
+      }
+    });
+    return button;
+  }
+
+  const STATE_CLASS = {
+    ok: "ok", "not synced yet": "warning", paused: "warning", warning: "warning",
+    gone: "muted", error: "error", "discovery failed": "error", "not discovered yet": "warning",
+  };
+
+  function lagText(pending, since) {
+    if (pending === null && (since === null || since === undefined)) return "–";
+    return `${pending === null ? "–" : `${pending} msg`} · ${duration(since)}`;
+  }
+
+  // One row for the account, then one per folder (every value as text).
+  function accountRows(a) {
+    let detail = a.state;
+    if (a.last_discovery_error) detail += `: ${a.last_discovery_error}`;
+    const live = a.folders.filter((f) => f.state !== "gone").length;
+    const head = el("tr", {className: "account", "data-account-id": a.id},
+      el("td", {}, el("span", {className: "account-name"}, a.name),
+         el("div", {className: "muted"}, `${a.tenant} · ${a.auth_method} · ${live} folder(s)`)),
+      el("td", {}, `${a.host}:${a.port}`,
+         el("div", {className: "muted"}, `discovered ${when(a.last_discovery_at)}`)),
+      el("td", {className: `state-${STATE_CLASS[a.state] || "warning"}`}, detail),
+      el("td", {}, String(a.folders.reduce((n, f) => n + (f.imported_total || 0), 0))),
+      el("td", {}, lagText(a.pending_messages, a.since_success_s)),
+      el("td", {}, ""),
+      el("td", {}, syncButton(`/accounts/${a.id}/sync`, `every folder of ${a.name}`)));
+    return [head, ...a.folders.map((f) => folderRow(a, f))];
+  }
+
+  function folderRow(a, f) {
+    let detail = f.state;
+    if (f.last_error) detail += `: ${f.last_error}`;
+    else if (f.warning) detail += `: ${f.warning}`;
+    if (f.failures) detail += ` (${f.failures} message(s) failing)`;
+    if (f.idle_status) detail += ` — ${f.idle_status}`;
+    const counts = `${f.imported_total ?? 0} / ${f.server_exists === null ? "–" : f.server_exists}`;
+    return el("tr", {className: "folder", "data-mailbox-id": f.id, "data-account-id": a.id},
+      el("td", {}, el("span", {className: "folder-name"}, f.folder),
+         el("div", {className: "muted"}, f.name)),
+      el("td", {}, ""),
+      el("td", {className: `state-${STATE_CLASS[f.state] || "warning"}`}, detail),
+      el("td", {}, counts),
+      el("td", {}, lagText(f.pending_messages, f.since_success_s)),
+      el("td", {}, when(f.last_success_at)),
+      el("td", {}, f.state === "gone" ? null
+        : syncButton(`/mailboxes/${f.id}/sync`, `folder ${f.folder}`)));
   }
 
   function mailboxRow(m) {
@@ -226,7 +297,9 @@
   }
 
   function describe(kind, d) {
-    const where = d.mailbox ? `${d.tenant}/${d.mailbox}` : (d.tenant || "");
+    // Events name the folder (decoded) besides the mailbox it is archived as.
+    const folder = d.folder && d.folder !== d.mailbox ? ` (folder ${d.folder})` : "";
+    const where = d.mailbox ? `${d.tenant}/${d.mailbox}${folder}` : (d.tenant || "");
     switch (kind) {
       case "open": return d.resumed ? "stream resumed" : "stream opened";
       case "imported":

@@ -14,8 +14,25 @@ CAPABILITY, LOGIN, EXAMINE/SELECT, UID SEARCH (``ALL`` and ``UID <set>``,
 optionally after ``CHARSET x``), UID FETCH (``UID``, ``FLAGS``,
 ``RFC822.SIZE``, ``BODY[]``, ``BODY.PEEK[]``, ``RFC822``), UID STORE
 (recorded only), IDLE/DONE, NOOP and LOGOUT. Anything else gets ``BAD``.
-There is one mailbox; sequence numbers are 1-based positions in
+There is one mailbox with mail; sequence numbers are 1-based positions in
 ``messages``. Mail is added in-process (``add_message``), not by APPEND.
+
+OAuth2 (``token_valid``, e.g. ``TokenEndpoint.is_valid`` of
+``nexarch_events.testing.oauth_server``): the server then offers
+``AUTHENTICATE`` with ``XOAUTH2`` and ``OAUTHBEARER`` (RFC 7628, with SASL-IR
+or after ``+``) and accepts the configured user with a token that
+``token_valid`` accepts; any other gets the mechanism's error continuation
+(base64 JSON ``{"status": "401", ...}``), then ``NO [AUTHENTICATIONFAILED]``,
+as Gmail and Microsoft 365 answer. ``authentications`` and
+``refused_tokens`` count them; the token never appears in ``commands``.
+
+``LIST`` (RFC 3501, RFC 6154 SPECIAL-USE, ``RETURN (SPECIAL-USE)`` of
+RFC 5258 accepted) answers ``folders``: the mailbox with mail, plus names
+that are only listed (selecting one answers ``NO [NONEXISTENT]``), each with
+its attributes, so a Gmail-like layout (``[Gmail]/All Mail`` flagged
+``\\All``, labels as folders, ``[Gmail]`` itself ``\\Noselect``) can be
+discovered end to end. Names are given as the server sends them (modified
+UTF-7 for non-ASCII).
 
 UID sets follow RFC 3501: ``*`` is the largest UID in use, so ``n:*`` with n
 above it still matches the last message. Only existing UIDs are iterated,
@@ -37,16 +54,19 @@ Not for untrusted clients: it keeps everything in memory and bounds nothing.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
 import trio
 
-__all__ = ["Faults", "ScriptedImapServer", "ScriptedMessage", "open_scripted_imap",
-           "resolve_uid_set", "substitute_body"]
+__all__ = ["Faults", "ListedFolder", "ScriptedImapServer", "ScriptedMessage",
+           "open_scripted_imap", "resolve_uid_set", "substitute_body"]
 
 _LITERAL = re.compile(rb"\{(\d+)(\+?)\}$")
 _BODY_ITEM = re.compile(r"\bBODY(\.PEEK)?\[\]|\bRFC822(?![.\w])")
@@ -97,6 +117,23 @@ class Faults:
     bye_after_fetch_responses: int | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
     on_command: Callable[[str], None] | None = None
+
+
+@dataclass(frozen=True)
+class ListedFolder:
+    """One ``LIST`` entry: the name as sent (modified UTF-7), its attributes
+    (e.g. ``("\\HasNoChildren", "\\All")``) and the hierarchy delimiter."""
+
+    name: str
+    attributes: tuple[str, ...] = ("\\HasNoChildren",)
+    delimiter: str = "/"
+
+
+#: What a refused OAuth2 sign-in sends before NO (RFC 7628 section 3.2.2).
+_OAUTH_ERROR = base64.b64encode(json.dumps(
+    {"status": "401", "schemes": "bearer", "scope": "https://mail.google.com/"}).encode()
+    ).decode()
+OAUTH_MECHANISMS = ("XOAUTH2", "OAUTHBEARER")
 
 
 class _BadCommand(Exception):
@@ -214,8 +251,22 @@ class ScriptedImapServer:
 
     def __init__(self, messages: list[ScriptedMessage] | None = None, *,
                  faults: Faults | None = None, user: str = "user",
-                 password: str = "secret", mailbox: str = "INBOX") -> None:
+                 password: str = "secret", mailbox: str = "INBOX",
+                 folders: Sequence[ListedFolder] | None = None,
+                 token_valid: Callable[[str], bool] | None = None,
+                 oauth_mechanisms: Sequence[str] = OAUTH_MECHANISMS) -> None:
+        """``folders``: what LIST answers (default: ``mailbox`` alone).
+        ``token_valid``: offer OAuth2 sign-in, accepting the tokens it
+        accepts (with ``oauth_mechanisms``); LOGIN keeps working."""
         self.messages: list[ScriptedMessage] = list(messages or [])
+        self.folders = list(folders) if folders is not None else [ListedFolder(mailbox)]
+        #: SPECIAL-USE and LIST-EXTENDED are announced when folders are scripted.
+        self._special_use = folders is not None
+        self.token_valid = token_valid
+        self.oauth_mechanisms = tuple(m.upper() for m in oauth_mechanisms)
+        #: AUTHENTICATE commands received, and those refused for their token
+        self.authentications = 0
+        self.refused_tokens = 0
         self.faults = faults if faults is not None else Faults()
         self.user = user
         self.password = password
@@ -259,7 +310,10 @@ class ScriptedImapServer:
 
     def _capabilities(self) -> str:
         idle = "" if self.faults.no_idle_capability else " IDLE"
-        return f"IMAP4rev1{idle} UIDPLUS LITERAL+"
+        auth = "" if self.token_valid is None else " SASL-IR" + "".join(
+            f" AUTH={m}" for m in self.oauth_mechanisms)
+        listing = " SPECIAL-USE LIST-EXTENDED" if self._special_use else ""
+        return f"IMAP4rev1{idle} UIDPLUS LITERAL+{listing}{auth}"
 
     def _silent(self, name: str) -> bool:
         wanted = self.faults.silent_after
@@ -333,6 +387,8 @@ class ScriptedImapServer:
                 connection.line = text[len(tokens[0][1]):].lstrip(" ")
                 if name == "LOGIN" and len(tokens) >= 4:
                     connection.line = f"LOGIN {tokens[2][1]} ***"
+                if name == "AUTHENTICATE" and len(tokens) >= 4:
+                    connection.line = f"AUTHENTICATE {tokens[2][1]} ***"
                 self.commands.append(connection.line)
                 if self.faults.on_command is not None:
                     self.faults.on_command(connection.line)
@@ -346,7 +402,7 @@ class ScriptedImapServer:
 
     async def _dispatch(self, connection: _Connection, tag: str, name: str,
                         args: list[str]) -> None:
-        if name in ("EXAMINE", "SELECT", "IDLE") and not connection.authenticated:
+        if name in ("EXAMINE", "SELECT", "IDLE", "LIST") and not connection.authenticated:
             raise _BadCommand("Not logged in.")
         if (name.startswith("UID ") or name == "FETCH") and not connection.selected:
             raise _BadCommand("No mailbox selected.")
@@ -355,6 +411,10 @@ class ScriptedImapServer:
             await connection.send(f"{tag} OK Capability completed.")
         elif name == "LOGIN":
             await self._login(connection, tag, args)
+        elif name == "AUTHENTICATE" and self.token_valid is not None:
+            await self._authenticate(connection, tag, args)
+        elif name == "LIST":
+            await self._list(connection, tag, args)
         elif name in ("EXAMINE", "SELECT"):
             await self._select(connection, tag, name, args)
         elif name == "UID SEARCH":
@@ -403,6 +463,50 @@ class ScriptedImapServer:
             return
         connection.authenticated = True
         await connection.send(f"{tag} OK Logged in")
+
+    async def _authenticate(self, connection: _Connection, tag: str, args: list[str]) -> None:
+        if connection.authenticated or not 1 <= len(args) <= 2:
+            raise _BadCommand("AUTHENTICATE expects a mechanism and an initial response")
+        mechanism = args[0].upper()
+        if mechanism not in self.oauth_mechanisms:
+            await connection.send(f"{tag} NO [CANNOT] Unsupported mechanism {mechanism}")
+            return
+        self.authentications += 1
+        if len(args) == 2:
+            response = args[1]
+        else:
+            await connection.send("+ ")
+            line = await connection.reader.readline()
+            if line is None:
+                raise _Disconnect
+            response = line.decode(errors="replace")
+        user, token = _sasl_bearer(mechanism, response)
+        assert self.token_valid is not None
+        if user == self.user and token is not None and self.token_valid(token):
+            connection.authenticated = True
+            await connection.send(f"{tag} OK [CAPABILITY {self._capabilities()}] Logged in")
+            return
+        self.refused_tokens += 1
+        # The error continuation must be answered (an empty line, or %x01)
+        # before the command completes.
+        await connection.send(f"+ {_OAUTH_ERROR}")
+        if await connection.reader.readline() is None:
+            raise _Disconnect
+        await connection.send(f"{tag} NO [AUTHENTICATIONFAILED] Invalid credentials "
+                              "(Failure)")
+
+    async def _list(self, connection: _Connection, tag: str, args: list[str]) -> None:
+        # LIST reference pattern [RETURN (SPECIAL-USE)]: the flags are sent
+        # either way (as Gmail does); only "*" and exact names are matched.
+        if len(args) < 2:
+            raise _BadCommand("LIST expects a reference and a pattern")
+        pattern = args[1]
+        for folder in self.folders:
+            if pattern in ("*", folder.name) or (pattern == "%" and folder.delimiter
+                                                 not in folder.name):
+                await connection.send(f"* LIST ({' '.join(folder.attributes)}) "
+                                      f"{_quote(folder.delimiter)} {_quote(folder.name)}")
+        await connection.send(f"{tag} OK List completed.")
 
     async def _select(self, connection: _Connection, tag: str, name: str,
                       args: list[str]) -> None:
@@ -537,6 +641,29 @@ class ScriptedImapServer:
         await connection.send(f"{tag} OK Idle completed.")
 
 
+def _sasl_bearer(mechanism: str, response: str) -> tuple[str | None, str | None]:
+    """The user and bearer token of an XOAUTH2 or OAUTHBEARER initial
+    response (None for what is missing or malformed)."""
+    try:
+        text = base64.b64decode(response.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None, None
+    fields = text.split("\x01")
+    user: str | None = None
+    token: str | None = None
+    if mechanism == "OAUTHBEARER":
+        # gs2-header "n,a=<user>,": the authorization identity, escaped.
+        for part in fields[0].split(","):
+            if part.startswith("a="):
+                user = part[2:].replace("=2C", ",").replace("=3D", "=")
+    for part in fields[1 if mechanism == "OAUTHBEARER" else 0:]:
+        if part.startswith("user=") and mechanism == "XOAUTH2":
+            user = part[5:]
+        elif part.startswith("auth=Bearer "):
+            token = part[len("auth=Bearer "):]
+    return user, token
+
+
 def substitute_body(uid: int) -> bytes:
     """What Exchange / Office 365 send instead of a message they cannot convert."""
     return (f"From: Microsoft Exchange <postmaster@example.com>\r\n"
@@ -550,11 +677,15 @@ def substitute_body(uid: int) -> bytes:
 @asynccontextmanager
 async def open_scripted_imap(messages: list[ScriptedMessage] | None = None, *,
                              faults: Faults | None = None, user: str = "user",
-                             password: str = "secret", mailbox: str = "INBOX"
+                             password: str = "secret", mailbox: str = "INBOX",
+                             folders: Sequence[ListedFolder] | None = None,
+                             token_valid: Callable[[str], bool] | None = None,
+                             oauth_mechanisms: Sequence[str] = OAUTH_MECHANISMS,
                              ) -> AsyncIterator[ScriptedImapServer]:
     """Serve on 127.0.0.1:<free port> for the block; cancelled on exit."""
     server = ScriptedImapServer(messages, faults=faults, user=user, password=password,
-                                mailbox=mailbox)
+                                mailbox=mailbox, folders=folders, token_valid=token_valid,
+                                oauth_mechanisms=oauth_mechanisms)
     async with trio.open_nursery() as nursery:
         await nursery.start(server.serve)
         yield server

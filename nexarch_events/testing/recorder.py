@@ -38,6 +38,10 @@ class ImportEvent:
     duplicate: bool
     payload: JSONObject
     received_at: float
+    #: The IMAP folder's decoded name (None: the mailbox is not registered,
+    #: or the
+    #: notification was sent by a version without the field).
+    folder: str | None = None
 
     @classmethod
     def parse(cls, note: Notification) -> ImportEvent:
@@ -47,11 +51,13 @@ class ImportEvent:
             value = p.get(key)
             return value if isinstance(value, int) else None
 
+        folder = p.get("folder")
         return cls(event=str(p.get("event", "")), tenant=str(p.get("tenant", "")),
                    mailbox=str(p.get("mailbox", "")), uidvalidity=num("uidvalidity") or 0,
                    uid=num("uid"), archive_id=num("archive_id"),
                    duplicate=bool(p.get("duplicate", False)), payload=p,
-                   received_at=note.received_at)
+                   received_at=note.received_at,
+                   folder=folder if isinstance(folder, str) else None)
 
 
 class ImportRecorder:

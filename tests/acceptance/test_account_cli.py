@@ -55,7 +55,15 @@ def test_account_lifecycle(database_url: str, dave: Dovecot) -> None:
     assert (account["name"], account["folders"], account["last_discovery_error"]) == (
         "dave", 3, None)
     assert "password_ref" not in account
-    assert "dave" in cli("account", "list", url=database_url).stdout
+    assert [(f["folder"], f["state"], f["imported_total"]) for f in account[
+        "folder_mailboxes"]] == [("INBOX", "not synced yet", 0),
+                                 ("Kunden/Müller", "ok", 1), ("Sent", "not synced yet", 0)]
+    assert not [k for f in account["folder_mailboxes"] for k in f if k.endswith("_ref")]
+    text = cli("account", "list", url=database_url).stdout
+    assert "dave" in text
+    # Every folder under its account, decoded, with its state and counts.
+    [line] = [ln for ln in text.splitlines() if "Kunden/Müller" in ln]
+    assert line.split()[1:5] == ["ok", "1", "/", "1"]
 
     failed = cli("account", "discover", "acme", "dave", url=database_url)  # no password
     assert failed.returncode == 2 and "DAVE_PASSWORD is not set" in failed.stderr

@@ -111,10 +111,17 @@ def raw_message(word: str, subject: str) -> bytes:
 
 #: Rendered as text, this subject is harmless; parsed as HTML it would run.
 HOSTILE_SUBJECT = 'Numbers <img src=x onerror="window.__pwned=1"> & <b>more</b>'
+HOSTILE_FOLDER = 'Plans <img src=x onerror="window.__pwned=2"> & <b>more</b>'
 
 
 async def test_status_page_shows_mailboxes_live_events_and_search(
         served: tuple[int, str, Any], chromium: str, tmp_path: Path) -> None:
+    from nexarch_events.importer.accounts import (
+        AccountConfig,
+        AccountRegistry,
+        folder_mailbox_name,
+    )
+    from nexarch_events.importer.folders import Folder
     from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
     from nexarch_events.importer.state import StateStore
 
@@ -122,6 +129,17 @@ async def test_status_page_shows_mailboxes_live_events_and_search(
     mailbox_id = await MailboxRegistry(db).add(MailboxConfig(
         "acme", "inbox", "imap.example.com", 993, "implicit", "ops@example.com",
         "env:NEXARCH_TEST_IMAP_PASSWORD"))
+    # An account whose folder has a name that would run as HTML.
+    accounts = AccountRegistry(db)
+    await accounts.add(AccountConfig(
+        tenant_slug="acme", name="carol", host="imap.example.com", port=993,
+        tls_mode="implicit", username="carol@example.com",
+        password_ref="env:NEXARCH_TEST_IMAP_PASSWORD"))
+    account = await accounts.get("acme", "carol")
+    await accounts.record_folders(account, [Folder("INBOX", "INBOX", "/", frozenset()),
+                                            Folder("x", HOSTILE_FOLDER, "/", frozenset())])
+    folder_ids = {r["folder"]: r["id"] for r in await MailboxRegistry(db).list("acme")
+                  if r["account"] == "carol"}
     states = StateStore(db)
     await states.begin("acme", "inbox", 4242, 2, 1)
     await states.import_message("acme", "inbox", 4242, 1, "new",
@@ -140,8 +158,22 @@ async def test_status_page_shows_mailboxes_live_events_and_search(
             lines = Lines(driver.stdout)
             shown = await lines.next()
             assert shown["step"] == "mailboxes"
-            assert shown["rows"] == [{"id": str(mailbox_id), "name": "inbox"}]
+            assert {"id": str(mailbox_id), "name": "inbox"} in shown["rows"]
+            assert len(shown["rows"]) == 3  # inbox and the account's two folders
             assert shown["url_has_token"] is False
+            listed = await lines.next()
+            assert listed["step"] == "accounts"
+            assert listed["accounts"] == [{"id": str(account.id), "name": "carol"}]
+            assert sorted(map(tuple, listed["folders"])) == sorted(
+                (str(i), name) for name, i in folder_ids.items())
+            assert listed["posted"] == [
+                [f"/accounts/{account.id}/sync", 202],
+                [f"/mailboxes/{folder_ids['INBOX']}/sync", 202]]
+            requested = {r["name"]: r["sync_requested_at"] is not None
+                         for r in await MailboxRegistry(db).list("acme")}
+            # The account's button asked for both folders, the folder's for one.
+            assert requested == {"inbox": False, "carol/INBOX": True,
+                                 folder_mailbox_name("carol", HOSTILE_FOLDER): True}
             assert (await lines.next())["step"] == "live"
 
             word = f"kingfisher{secrets.randbelow(10**6)}"
@@ -184,6 +216,21 @@ def drive(base: str, token: str, chromium: str, screenshot: str) -> None:
             "#mailbox-rows tr", "rows => rows.map(r => ({id: r.dataset.mailboxId, "
             "name: r.querySelector('.mailbox-name').textContent}))")
         say("mailboxes", rows=rows, url_has_token="token" in page.url)
+        page.wait_for_selector("#account-rows tr.folder")
+        accounts = page.eval_on_selector_all(
+            "#account-rows tr.account", "rows => rows.map(r => ({id: r.dataset.accountId, "
+            "name: r.querySelector('.account-name').textContent}))")
+        folders = page.eval_on_selector_all(
+            "#account-rows tr.folder", "rows => rows.map(r => [r.dataset.mailboxId, "
+            "r.querySelector('.folder-name').textContent])")
+        # "Sync now" of the account, then of its first folder (INBOX).
+        posted = []
+        for row in ("#account-rows tr.account", "#account-rows tr.folder"):
+            with page.expect_response(lambda r: r.url.split("?")[0].endswith("/sync")) as sent:
+                page.click(f"{row} button")
+            response = sent.value
+            posted.append(["/" + response.url.split("?")[0].split("/", 3)[3], response.status])
+        say("accounts", accounts=accounts, folders=folders, posted=posted)
         page.wait_for_selector('#stream-state[data-state="live"]')
         page.wait_for_selector('#events li[data-kind="open"]', state="attached")
         say("live")
@@ -207,7 +254,8 @@ def drive(base: str, token: str, chromium: str, screenshot: str) -> None:
             marked=hit.eval_on_selector_all("mark", "ms => ms.map(m => m.textContent)"),
             pwned=page.evaluate("() => window.__pwned === 1"),
             injected_elements=page.evaluate(
-                "() => document.querySelectorAll('#hits img, #hits b, #events img').length"))
+                "() => document.querySelectorAll('#hits img, #hits b, #events img, "
+                "#account-rows img, #account-rows b, #mailbox-rows img').length"))
         page.wait_for_function("() => document.getElementById('q-succeeded').textContent !== '–'")
         page.screenshot(path=screenshot, full_page=True)
         browser.close()

@@ -204,3 +204,67 @@ async def test_the_service_picks_up_a_new_folder(db: Database, carol: Dovecot) -
         await rec.wait_for_imported(tenant="acme", mailbox=folder_mailbox_name("carol", "Later"),
                                     count=1, timeout=30)
         nursery.cancel_scope.cancel()
+
+
+async def test_events_name_the_decoded_folder(db: Database, carol: Dovecot) -> None:
+    """Every mail-imported notification carries the folder's decoded name
+    (Dovecot sends "Projekte/&ANw-bersicht"), the new-message events and a
+    resync's alike; a mailbox registered by hand names its folder too."""
+    config = account(carol)
+    await AccountRegistry(db).add(config)
+    await discovered(db, config)
+    umlaut = folder_mailbox_name("carol", "Projekte/Übersicht")
+    async with record_imports(db.dsn) as rec:
+        await sync_all(db)
+        await rec.wait_for_imported(tenant="acme", count=4, timeout=30)
+        # A folder deleted and made again has a new UIDVALIDITY: a resync.
+        carol.delete_mailbox("carol", "Projekte/Übersicht")
+        carol.create_mailbox("carol", "Projekte/Übersicht")
+        carol.append("carol", "Projekte/Übersicht", mail(7))
+        await sync_all(db)
+        await rec.wait_for_imported(tenant="acme", mailbox=umlaut, count=2, timeout=30)
+    imported = {(e.mailbox, e.folder) for e in rec.select(tenant="acme")}
+    assert imported == {(folder_mailbox_name("carol", f), f)
+                        for f in ("INBOX", "Sent", "Projekte/Übersicht", "Archiv 2024")}
+    [resync] = rec.select(event="resync", mailbox=umlaut)
+    assert resync.folder == "Projekte/Übersicht"
+    assert resync.payload["folder"] == "Projekte/Übersicht"
+
+
+async def test_an_accounts_sync_now_finds_a_new_folder_at_once(db: Database,
+                                                              carol: Dovecot) -> None:
+    """With discoveries an hour apart, the account's "Sync now" lists its
+    folders at once: a folder made since is found and synced; a burst of
+    clicks is one discovery."""
+    registry = AccountRegistry(db)
+    await registry.add(account(carol))
+    listener = Listener(db.dsn, QueueSettings(listener_ping_interval=0.5,
+                                              listener_ping_timeout=0.5),
+                        channels=(IMPORT_REQUESTS_CHANNEL,))
+    settings = ImportSettings(imap_timeout=30, reload_interval=60, discovery_interval=3600)
+    sched = ImportScheduler(db, settings, listener=listener)
+    discovery = AccountDiscovery(db, settings, listener=listener)
+    later = folder_mailbox_name("carol", "Später")
+    async with record_imports(db.dsn) as rec, trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        await nursery.start(sched.run)
+        await nursery.start(discovery.run)
+        await rec.wait_for_imported(tenant="acme", count=4, timeout=60)
+        before = await discovered_at(db)
+        carol.create_mailbox("carol", "Später")
+        carol.append("carol", "Später", mail(8))
+        stored = await registry.get("acme", "carol")
+        assert stored.id is not None
+        for _ in range(5):  # clicked five times
+            await registry.request_sync(stored.id, tenant_slug="acme")
+        await rec.wait_for_imported(tenant="acme", mailbox=later, count=1, timeout=30)
+        nursery.cancel_scope.cancel()
+    [event] = rec.select(tenant="acme", mailbox=later)
+    assert event.folder == "Später"
+    assert await discovered_at(db) > before
+    # The discovery at start, and one for the five clicks.
+    assert discovery.attempts == 2
+
+
+async def discovered_at(db: Database):  # type: ignore[no-untyped-def]
+    return await db.fetchval("SELECT last_discovery_at FROM mail_import_accounts")

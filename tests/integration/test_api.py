@@ -17,7 +17,7 @@ import secrets
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -35,7 +35,7 @@ from openapi_spec_validator import validate as validate_openapi
 from nexarch_events.aio import Database
 from nexarch_events.api import ApiContext, serve_api
 from nexarch_events.errors import ConfigurationError
-from nexarch_events.importer.accounts import AccountConfig, AccountRegistry
+from nexarch_events.importer.accounts import AccountConfig, AccountRegistry, folder_mailbox_name
 from nexarch_events.importer.folders import Folder
 from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
 from nexarch_events.importer.state import StateStore
@@ -45,7 +45,13 @@ from nexarch_events.mail.indexer import Indexer
 from nexarch_events.metrics import Metrics
 from nexarch_events.models import JobStatus
 from nexarch_events.queue.jobs import Queue
-from nexarch_events.queue.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
+from nexarch_events.queue.notify import (
+    IMPORT_REQUESTS_CHANNEL,
+    JOB_EVENTS_CHANNEL,
+    MAIL_IMPORTED_CHANNEL,
+    Listener,
+    Notification,
+)
 from nexarch_events.service import QueueService
 from nexarch_events.settings import ApiSettings, ApiToken, QueueSettings, Settings
 
@@ -551,6 +557,126 @@ async def test_sync_now_within_the_callers_tenant(env: Env) -> None:
     assert bad.status_code == 400 and "mailbox id" in bad.json()["error"]
 
 
+# -- accounts ---------------------------------------------------------------------------
+
+async def add_account(env: Env, tenant: str, name: str, folders: Sequence[Folder],
+                      ) -> AccountConfig:
+    """An account whose discovery found ``folders`` (recorded directly: no IMAP)."""
+    accounts = AccountRegistry(env.db)
+    await accounts.add(AccountConfig(
+        tenant_slug=tenant, name=name, host="imap.example.com", port=993,
+        tls_mode="implicit", username=f"{name}@example.com",
+        password_ref="env:NEXARCH_TEST_IMAP_PASSWORD"))
+    stored = await accounts.get(tenant, name)
+    await accounts.record_folders(stored, folders)
+    return stored
+
+
+def folder(wire: str, name: str, *flags: str) -> Folder:
+    return Folder(wire, name, "/", frozenset(flags))
+
+
+async def test_accounts_show_folders_with_state_and_lag_within_the_tenant(env: Env) -> None:
+    inbox, plans = folder("INBOX", "INBOX"), folder("Pl&AOQ-ne", "Pläne")
+    old = folder("Old", "Old")
+    alice = await add_account(env, "acme", "alice", [inbox, plans, old])
+    await AccountRegistry(env.db).record_folders(alice, [inbox, plans])  # Old is gone now
+    await add_account(env, "globex", "gina", [inbox])
+    await env.import_mail("acme", "alice/INBOX", [message("acct1"), message("acct2")])
+    await StateStore(env.db).failed_before_run(
+        "acme", folder_mailbox_name("alice", "Pläne"), "connection refused")
+
+    body = (await env.client.get("/accounts", env.tokens.acme)).json()
+    assert body["tenant"] == "acme"
+    [account] = body["accounts"]
+    assert (account["name"], account["tenant"], account["auth_method"]) == (
+        "alice", "acme", "password")
+    assert account["state"] == "error"  # its worst folder that is not gone
+    by_folder = {f["folder"]: f for f in account["folders"]}
+    assert sorted(by_folder) == ["INBOX", "Old", "Pläne"]
+    ok = by_folder["INBOX"]
+    assert (ok["state"], ok["name"], ok["imported_total"], ok["last_synced_uid"]) == (
+        "ok", "alice/INBOX", 2, 2)
+    assert ok["pending_messages"] == 0 and ok["since_success_s"] >= 0
+    assert ok["server_exists"] == 2
+    failing = by_folder["Pläne"]
+    assert (failing["state"], failing["last_error"]) == ("error", "connection refused")
+    assert failing["since_success_s"] is None
+    assert by_folder["Old"]["state"] == "gone" and by_folder["Old"]["folder_gone_at"]
+    # A folder's id is its mailbox's: the per-folder "Sync now" is the mailbox's.
+    mailboxes = (await env.client.get("/mailboxes", env.tokens.acme)).json()["mailboxes"]
+    assert {m["id"]: m["folder"] for m in mailboxes} == {
+        f["id"]: f["folder"] for f in account["folders"]}
+    assert account["since_success_s"] is None  # a folder never synced: lag unknown
+
+    assert [a["name"] for a in (await env.client.get(
+        "/accounts", env.tokens.globex)).json()["accounts"]] == ["gina"]
+    everything = (await env.client.get("/accounts", env.tokens.admin)).json()
+    assert [(a["tenant"], a["name"]) for a in everything["accounts"]] == [
+        ("acme", "alice"), ("globex", "gina")]
+    scoped = (await env.client.get("/accounts", env.tokens.admin,
+                                   params={"tenant": "globex"})).json()
+    assert [a["name"] for a in scoped["accounts"]] == ["gina"]
+    denied = await env.client.get("/accounts", env.tokens.globex, params={"tenant": "acme"})
+    assert denied.status_code == 403
+    raw = (await env.client.get("/accounts", env.tokens.admin)).text
+    for secret in ("_ref", "env:NEXARCH_TEST_IMAP_PASSWORD", "alice@example.com",
+                   "username", "oauth"):
+        assert secret not in raw
+
+
+async def test_account_sync_now_wakes_every_folder_within_the_callers_tenant(
+        env: Env, database_url: str) -> None:
+    inbox, sent, old = folder("INBOX", "INBOX"), folder("Sent", "Sent"), folder("Old", "Old")
+    alice = await add_account(env, "acme", "alice", [inbox, sent, old])
+    await AccountRegistry(env.db).record_folders(alice, [inbox, sent])  # Old is gone
+    await add_account(env, "globex", "gina", [inbox])
+    [listed] = (await env.client.get("/accounts", env.tokens.acme)).json()["accounts"]
+    states = StateStore(env.db)
+
+    async def requested() -> dict[str, bool]:
+        rows = await env.db.fetch("SELECT mailbox_name, sync_requested_at IS NOT NULL AS r "
+                                  "FROM mail_import_state ORDER BY mailbox_name")
+        return {r["mailbox_name"]: r["r"] for r in rows}
+
+    listener = Listener(database_url, QueueSettings(), channels=(IMPORT_REQUESTS_CHANNEL,))
+    sub = listener.subscribe(IMPORT_REQUESTS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        denied = await env.client.post(f"/accounts/{listed['id']}/sync", env.tokens.globex)
+        assert denied.status_code == 404 and str(listed["id"]) in denied.json()["error"]
+        assert not any((await requested()).values())
+        accepted = await env.client.post(f"/accounts/{listed['id']}/sync", env.tokens.acme)
+        assert accepted.status_code == 202
+        assert accepted.json() == {"sync_requested": True, "id": listed["id"],
+                                   "tenant": "acme", "name": "alice",
+                                   "mailboxes": ["alice/INBOX", "alice/Sent"]}
+        woken = set()
+        with trio.fail_after(10):
+            async for event in sub:
+                if isinstance(event, Notification):
+                    data = event.json()
+                    woken.add((data["event"], data["tenant"],
+                               data.get("mailbox") or data["account"]))
+                    if len(woken) == 3:
+                        break
+        nursery.cancel_scope.cancel()
+    # Each folder's sync, and a discovery of the account (new folders).
+    assert woken == {("sync_requested", "acme", "alice/INBOX"),
+                     ("sync_requested", "acme", "alice/Sent"),
+                     ("discovery_requested", "acme", "alice")}
+    assert await requested() == {"alice/INBOX": True, "alice/Old": False,
+                                 "alice/Sent": True, "gina/INBOX": False}
+    assert (await states.get("globex", "gina/INBOX")).sync_requested_at is None
+    assert (await env.client.post(f"/accounts/{listed['id']}/sync", env.tokens.admin,
+                                  params={"tenant": "globex"})).status_code == 404
+    assert (await env.client.post(f"/accounts/{listed['id']}/sync", env.tokens.admin)
+            ).status_code == 202
+    assert (await env.client.post("/accounts/777777/sync", env.tokens.admin)).status_code == 404
+    bad = await env.client.post("/accounts/alice/sync", env.tokens.admin)
+    assert bad.status_code == 400 and "account id" in bad.json()["error"]
+
+
 # -- search ---------------------------------------------------------------------------------
 
 async def test_search_finds_the_callers_mail_only(env: Env) -> None:
@@ -771,6 +897,29 @@ async def test_events_failures_and_resyncs_are_announced(env: Env) -> None:
         await env.failed_job("acme")
         await env.import_mail("acme", "inbox", [message("failev-acme")])
         assert await events.quiet(1.0) == []
+
+
+async def test_imported_events_name_the_decoded_folder_live_and_replayed(env: Env) -> None:
+    """The folder a registered mailbox reads, decoded, is in its imported
+    events, live (from the notification) and replayed (from the tables);
+    mail stored under a name nobody registered has folder null."""
+    await MailboxRegistry(env.db).add(replace(mailbox_config("acme", "plans"), folder="Pläne"))
+    async with open_events(env, env.tokens.acme) as events:
+        opened = await events.next()
+        [stored] = await env.import_mail("acme", "plans", [message("folderlive")])
+        [loose] = await env.import_mail("acme", "unregistered", [message("folderloose")])
+        live = await events.until(lambda e: e.event == "imported"
+                                  and e.data["archive_id"] == loose.archive_id)
+    assert [(e.data["mailbox"], e.data["folder"]) for e in live if e.event == "imported"] == [
+        ("plans", "Pläne"), ("unregistered", None)]
+    assert opened.id is not None
+    async with open_events(env, env.tokens.acme, last_id=opened.id) as events:
+        await events.next()
+        replayed = await events.until(lambda e: e.event == "imported"
+                                      and e.data["archive_id"] == loose.archive_id)
+    assert [(e.data["archive_id"], e.data["folder"], e.data.get("replayed"))
+            for e in replayed if e.event == "imported"] == [
+        (stored.archive_id, "Pläne", True), (loose.archive_id, None, True)]
 
 
 async def test_events_keepalive_comments(env: Env) -> None:

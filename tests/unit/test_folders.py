@@ -111,3 +111,20 @@ def test_special_use_exclusions_and_include_patterns() -> None:
     assert [f.name for f in select_folders(folders, rules)] == ["INBOX", "Archive", "Legal"]
     keep_trash = FolderRules(excluded_uses=frozenset())
     assert "Deleted" in [f.name for f in select_folders(folders, keep_trash)]
+
+
+def test_folder_state_names_the_worst_first() -> None:
+    from datetime import UTC, datetime
+
+    from nexarch_events.importer.accounts import folder_state
+
+    now = datetime.now(UTC)
+    ok = {"enabled": True, "last_success_at": now, "folder_gone_at": None,
+          "last_error": None, "warning": None, "failures": 0, "idle_status": None}
+    assert folder_state(ok) == "ok"
+    assert folder_state({**ok, "last_success_at": None}) == "not synced yet"
+    assert folder_state({**ok, "enabled": False}) == "paused"
+    assert folder_state({**ok, "idle_status": "idle unavailable: x"}) == "warning"
+    assert folder_state({**ok, "failures": 2}) == "warning"
+    assert folder_state({**ok, "warning": "w", "last_error": "e"}) == "error"
+    assert folder_state({**ok, "last_error": "e", "folder_gone_at": now}) == "gone"

@@ -312,3 +312,69 @@ async def test_set_messages_renumbers() -> None:
             assert (await client.command("UID FETCH 1:* (UID)"))[:2] == [
                 b"* 1 FETCH (UID 100)", b"* 2 FETCH (UID 200)"]
         assert server.faults.uidvalidity == 42
+
+
+# -- OAuth2 sign-in and LIST ---------------------------------------------------------------
+
+def _xoauth2(user: str, token: str) -> str:
+    import base64
+    return base64.b64encode(f"user={user}\x01auth=Bearer {token}\x01\x01".encode()).decode()
+
+
+def _oauthbearer(user: str, token: str) -> str:
+    import base64
+    return base64.b64encode(
+        f"n,a={user},\x01host=h\x01port=1\x01auth=Bearer {token}\x01\x01".encode()).decode()
+
+
+async def test_authenticate_accepts_valid_tokens_only() -> None:
+    from nexarch_events.testing.imap_server import ListedFolder
+
+    valid = {"good-token"}
+    async with open_scripted_imap(token_valid=valid.__contains__,
+                                  folders=[ListedFolder("INBOX")]) as server:
+        async with connect(server) as client:
+            caps = (await client.command("CAPABILITY"))[0]
+            assert b"AUTH=XOAUTH2 AUTH=OAUTHBEARER" in caps and b"SASL-IR" in caps
+            assert b"SPECIAL-USE" in caps
+            # A refused token: the error continuation, answered, then NO.
+            await client.send(f"A2 AUTHENTICATE XOAUTH2 {_xoauth2('user', 'bad')}\r\n"
+                              .encode())
+            assert (await client.line()).startswith(b"+ ey")  # base64 JSON
+            await client.send(b"\r\n")
+            assert (await client.line()).startswith(b"A2 NO [AUTHENTICATIONFAILED]")
+            # The right token for another user is refused too.
+            await client.send(f"A3 AUTHENTICATE OAUTHBEARER {_oauthbearer('eve', 'good-token')}"
+                              "\r\n".encode())
+            assert (await client.line()).startswith(b"+ ")
+            await client.send(b"AQ==\r\n")
+            assert (await client.line()).startswith(b"A3 NO ")
+            # Without SASL-IR: the response after an empty continuation.
+            await client.send(b"A4 AUTHENTICATE OAUTHBEARER\r\n")
+            assert await client.line() == b"+ "
+            await client.send(f"{_oauthbearer('user', 'good-token')}\r\n".encode())
+            assert (await client.line()).startswith(b"A4 OK ")
+            client.tags = 4
+            assert (await client.command('EXAMINE "INBOX"'))[-1].startswith(b"A5 OK ")
+        assert (server.authentications, server.refused_tokens) == (3, 2)
+        assert not any("good-token" in c or "bad" in c for c in server.commands)
+
+
+async def test_list_answers_the_scripted_folders_with_their_special_use() -> None:
+    from nexarch_events.testing.imap_server import ListedFolder
+
+    folders = [ListedFolder("INBOX"), ListedFolder("[Gmail]", ("\\HasChildren", "\\Noselect")),
+               ListedFolder("[Gmail]/All Mail", ("\\All", "\\HasNoChildren")),
+               ListedFolder("Pl&AOQ-ne")]
+    async with open_scripted_imap(folders=folders, mailbox="[Gmail]/All Mail") as server, \
+            connect(server) as client:
+        assert (await client.command('LIST "" "*"'))[-1].startswith(b"A1 BAD ")  # not signed in
+        await client.command('LOGIN user "secret"')
+        assert await client.command('LIST "" "*" RETURN (SPECIAL-USE)') == [
+            b'* LIST (\\HasNoChildren) "/" "INBOX"',
+            b'* LIST (\\HasChildren \\Noselect) "/" "[Gmail]"',
+            b'* LIST (\\All \\HasNoChildren) "/" "[Gmail]/All Mail"',
+            b'* LIST (\\HasNoChildren) "/" "Pl&AOQ-ne"',
+            b"A3 OK List completed."]
+        assert (await client.command('EXAMINE "[Gmail]/All Mail"'))[-1].startswith(b"A4 OK ")
+        assert (await client.command('EXAMINE "INBOX"'))[-1].startswith(b"A5 NO [NONEXISTENT]")

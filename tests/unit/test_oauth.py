@@ -311,3 +311,35 @@ def test_a_client_has_a_secret_or_a_certificate_not_both() -> None:
     with pytest.raises(ConfigurationError, match="not both"):
         OAuthClient(token_url="https://x.example/t", client_id="a", client_secret_ref="env:S",
                     client_certificate_ref="env:C")
+
+
+async def test_a_token_the_imap_server_refuses_is_replaced_once_then_backed_off(
+        endpoint: TokenEndpoint) -> None:
+    clock = Clock()
+    async with source(endpoint, clock, refresh=True) as tokens:
+        first = await tokens.token()
+        tokens.reject(first, "XOAUTH2 sign-in refused: status 401")
+        second = await tokens.token()  # a stale token: a new one at once
+        assert second != first and len(endpoint.requests) == 2
+        tokens.reject(second, "XOAUTH2 sign-in refused: status 401")
+        for _ in range(20):  # the provider means it: no new token within the backoff
+            clock.now += 2
+            with pytest.raises(OAuthRefused) as refused:
+                await tokens.token()
+        assert len(endpoint.requests) == 2
+        message = str(refused.value)
+        assert message.startswith("sign-in refused by the provider: the IMAP server refused "
+                                  "2 access token(s) in a row (XOAUTH2 sign-in refused")
+        assert first not in message and second not in message
+        clock.now += REFUSED_FLOOR_S
+        third = await tokens.token()
+        assert len(endpoint.requests) == 3
+        tokens.accepted()  # a sign-in worked: the next refusal is a stale token again
+        tokens.reject(third, "refused")
+        await tokens.token()
+        assert len(endpoint.requests) == 4
+        # Rejecting a token that is no longer cached leaves the cache alone.
+        current = await tokens.token()
+        tokens.accepted()
+        tokens.reject("some-older-token", "refused")
+        assert await tokens.token() == current
