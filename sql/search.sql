@@ -7,6 +7,26 @@
 -- configurations ("german,english"); $14-$17 are the texts the vector is
 -- built from (runs of continuous scripts split into bigrams, capped), NULL
 -- where they equal the stored text.
+-- $18/$19, the fence (index/postgres.py): per document the job id and lease
+-- it is written for, or NULL arrays for an unfenced write. A fenced document
+-- is written only if its job is still 'processing' under that lease, checked
+-- under a share lock on the job row that this statement holds until it
+-- commits: the sweeper's reclaim (FOR UPDATE SKIP LOCKED) and any ack wait
+-- or pass, so no successor of the job can start before the write is
+-- committed, and a writer that lost its lease writes nothing. Rows are
+-- locked in id order (the heartbeat locks in the same order: no deadlock).
+-- Returns the archive ids written.
+WITH live AS MATERIALIZED (
+    SELECT j.id, j.tenant_slug
+      FROM mail_index_jobs j,
+           (SELECT DISTINCT f.job_id, f.lease
+              FROM unnest($18::bigint[], $19::uuid[]) AS f(job_id, lease)) f
+     WHERE j.id = f.job_id
+       AND j.lease = f.lease
+       AND j.status = 'processing'
+     ORDER BY j.id
+       FOR SHARE OF j
+)
 INSERT INTO mail_search_documents
        (tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
         attachment_names, attachment_text, sent_at, mailboxes, size_bytes, search,
@@ -32,21 +52,43 @@ SELECT d.tenant_slug, d.archive_id, d.subject, d.sender,
   FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
               $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[],
               $12::bigint[], $13::text[], $14::text[], $15::text[], $16::text[],
-              $17::text[])
+              $17::text[], $18::bigint[])
        AS d(tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
             attachment_names, attachment_text, sent_at, mailboxes, size_bytes, configs,
-            v_subject, v_people, v_body, v_attachments)
+            v_subject, v_people, v_body, v_attachments, job_id)
+ WHERE $18::bigint[] IS NULL
+    OR (d.job_id, d.tenant_slug) IN (SELECT l.id, l.tenant_slug FROM live l)
 ON CONFLICT (tenant_slug, archive_id) DO UPDATE
    SET subject = excluded.subject, sender = excluded.sender,
        sender_addresses = excluded.sender_addresses, recipients = excluded.recipients,
        body = excluded.body, attachment_names = excluded.attachment_names,
        attachment_text = excluded.attachment_text, sent_at = excluded.sent_at,
        mailboxes = excluded.mailboxes, size_bytes = excluded.size_bytes,
-       search = excluded.search, rank_search = excluded.rank_search, indexed_at = now();
+       search = excluded.search, rank_search = excluded.rank_search, indexed_at = now()
+RETURNING archive_id;
 
 -- name: delete
-DELETE FROM mail_search_documents
- WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[]);
+-- $1 tenant, $2 archive ids; $3/$4 the fence (job ids and leases per id, or
+-- NULL arrays), checked as in upsert: a writer that lost its lease deletes
+-- nothing. Returns the archive ids deleted.
+WITH live AS MATERIALIZED (
+    SELECT j.id
+      FROM mail_index_jobs j,
+           (SELECT DISTINCT f.job_id, f.lease
+              FROM unnest($3::bigint[], $4::uuid[]) AS f(job_id, lease)) f
+     WHERE j.id = f.job_id
+       AND j.lease = f.lease
+       AND j.status = 'processing'
+       AND j.tenant_slug = $1
+     ORDER BY j.id
+       FOR SHARE OF j
+)
+DELETE FROM mail_search_documents d
+ USING unnest($2::bigint[], $3::bigint[]) AS f(archive_id, job_id)
+ WHERE d.tenant_slug = $1
+   AND d.archive_id = f.archive_id
+   AND ($3::bigint[] IS NULL OR f.job_id IN (SELECT l.id FROM live l))
+RETURNING d.archive_id;
 
 -- name: search_text
 -- A text query: nexarch_mail_search (migration 0015) ranks the first $11
