@@ -667,7 +667,7 @@ class ManticoreBackend:
             chunk = sorted(set(ids[start:start + _ID_PAGE]))
             try:
                 reply = await self._call("/search", json.dumps({
-                    "table": table, "query": {"in": {"id": chunk}},
+                    "table": table, "query": {"bool": {"must": [{"in": {"id": chunk}}]}},
                     "limit": len(chunk), "max_matches": max(_DEFAULT_MAX_MATCHES, len(chunk)),
                     "_source": ["version"]}).encode(), "application/json")
             except TableMissing:
