@@ -234,6 +234,9 @@ class IndexDocument:
     #: Names of the mailboxes the message was seen in.
     mailboxes: tuple[str, ...] = ()
     size_bytes: int = 0
+    #: When a server received it (the earliest IMAP INTERNALDATE of its
+    #: locations), or None (never imported from IMAP, or not reported).
+    received_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.archive_id <= MAX_DOCUMENT_ID:
@@ -273,6 +276,14 @@ class SearchQuery:
     mailbox: str | None = None
     limit: int = 20
     offset: int = 0
+    #: received_at >= received_from and received_at < received_to (mail
+    #: without a received date is outside every such range).
+    received_from: datetime | None = None
+    received_to: datetime | None = None
+    #: ``relevance`` (text queries: best first; the empty query: as ``sent``),
+    #: ``sent`` (newest Date first, undated last) or ``received`` (newest
+    #: received date first, unknown last). Ties: the higher archive id first.
+    sort: str = "relevance"
 
     def __post_init__(self) -> None:
         validate_tenant_slug(self.tenant_slug)
@@ -289,12 +300,21 @@ class SearchQuery:
             raise InvalidQuery(f"limit must be 1..{MAX_LIMIT}, got {self.limit}")
         if not 0 <= self.offset <= MAX_OFFSET:
             raise InvalidQuery(f"offset must be 0..{MAX_OFFSET}, got {self.offset}")
-        for name in ("date_from", "date_to"):
+        for name in ("date_from", "date_to", "received_from", "received_to"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
                 raise InvalidQuery(f"{name} must carry a time zone")
         if self.date_from and self.date_to and self.date_from >= self.date_to:
             raise InvalidQuery("date_from must be before date_to")
+        if self.received_from and self.received_to and self.received_from >= self.received_to:
+            raise InvalidQuery("received_from must be before received_to")
+        if self.sort not in SORT_ORDERS:
+            raise InvalidQuery(f"sort must be one of {', '.join(SORT_ORDERS)}, "
+                               f"got {self.sort!r}")
+
+
+#: The orders a search can list its hits in (``SearchQuery.sort``).
+SORT_ORDERS = ("relevance", "sent", "received")
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +326,7 @@ class SearchHit:
     sent_at: datetime | None
     #: HTML-safe: text is escaped, matches are wrapped in <mark>...</mark>.
     snippet: str
+    received_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,12 +41,15 @@ Schema of a tenant table (``CREATE_TABLE_SQL``):
 * ``regexp_filter``: ä ö ü ß are written out (ae oe ue ss) in documents and
   queries alike, so Grüße finds Gruesse and Straße finds Strasse.
 
+* ``received_at bigint`` and ``received bool``: the server's received date
+  (IMAP INTERNALDATE), kept as ``sent_at``/``dated`` are.
 * ``version bigint`` and ``deleted bool``: the fence (below).
 
 ``ensure_schema`` only creates a missing table (``IF NOT EXISTS``); it does
-not change an existing one, except that it adds ``version`` and ``deleted``
-to a table made before they existed (``ALTER TABLE ... ADD COLUMN``; old
-documents read as version 0, not deleted).
+not change an existing one, except that it adds ``received_at``,
+``received``, ``version`` and ``deleted`` to a table made before they
+existed (``ALTER TABLE ... ADD COLUMN``; old documents read as received
+date unknown, version 0, not deleted).
 
 Fenced writes (``base.WriteFence``, guarantee 15). Manticore cannot check a
 lease in Postgres, and it has no conditional replace: ``replace`` overwrites
@@ -140,7 +143,8 @@ CREATE_TABLE_SQL: Final = (
     "subject text, body text, sender text, recipients text, "
     "attachment_names text, attachment_text text, "
     "sender_address string, sender_ids multi64, mailbox_ids multi64, "
-    "sent_at bigint, dated bool, size_bytes bigint, version bigint, deleted bool"
+    "sent_at bigint, dated bool, size_bytes bigint, received_at bigint, received bool, "
+    "version bigint, deleted bool"
     ") charset_table='non_cont, U+00E4, U+00C4->U+00E4, U+00F6, U+00D6->U+00F6, "
     "U+00FC, U+00DC->U+00FC, U+00DF, U+1E9E->U+00DF' "
     "ngram_chars='cont' ngram_len='1' "
@@ -154,10 +158,20 @@ CREATE_TABLE_SQL: Final = (
 TABLE_COLUMNS: Final = frozenset({
     "id", "subject", "body", "sender", "recipients", "attachment_names", "attachment_text",
     "sender_address", "sender_ids", "mailbox_ids", "sent_at", "dated", "size_bytes",
-    "version", "deleted"})
+    "received_at", "received", "version", "deleted"})
 #: Columns ``ensure_schema`` adds to a table made before they existed, and
 #: their types (``ALTER TABLE ... ADD COLUMN``).
-ADDED_COLUMNS: Final = {"version": "bigint", "deleted": "bool"}
+ADDED_COLUMNS: Final = {"received_at": "bigint", "received": "bool", "version": "bigint",
+                        "deleted": "bool"}
+#: ``SearchQuery.sort`` as Manticore sorts. Ties: newest first, undated
+#: last, then the higher id (as the Postgres backend's "sent_at DESC NULLS
+#: LAST, archive_id DESC"). The empty query scores every hit alike, so
+#: relevance lists it by date.
+_SORTS: Final[dict[str, list[dict[str, str]]]] = {
+    "relevance": [{"_score": "desc"}, {"dated": "desc"}, {"sent_at": "desc"}, {"id": "desc"}],
+    "sent": [{"dated": "desc"}, {"sent_at": "desc"}, {"id": "desc"}],
+    "received": [{"received": "desc"}, {"received_at": "desc"}, {"id": "desc"}],
+}
 #: Rounds a fenced write goes through while concurrent writers of the same
 #: documents keep getting in between (each round: delete older, insert).
 _FENCE_ROUNDS: Final = 5
@@ -290,7 +304,8 @@ def _tombstone_fields(version: int) -> dict[str, object]:
     return {"subject": "", "body": "", "sender": "", "recipients": "",
             "attachment_names": "", "attachment_text": "", "sender_address": "",
             "sender_ids": [], "mailbox_ids": [], "sent_at": 0, "dated": False,
-            "size_bytes": 0, "version": version, "deleted": True}
+            "size_bytes": 0, "received_at": 0, "received": False, "version": version,
+            "deleted": True}
 
 
 def _document_fields(doc: IndexDocument, version: int = 0) -> dict[str, object]:
@@ -308,6 +323,8 @@ def _document_fields(doc: IndexDocument, version: int = 0) -> dict[str, object]:
         "sent_at": epoch_seconds(doc.sent_at) if doc.sent_at is not None else 0,
         "dated": doc.sent_at is not None,
         "size_bytes": max(0, doc.size_bytes),
+        "received_at": epoch_seconds(doc.received_at) if doc.received_at is not None else 0,
+        "received": doc.received_at is not None,
         "version": version,
         "deleted": False,
     }
@@ -767,6 +784,14 @@ class ManticoreBackend:
             must.append({"range": {"sent_at": bounds}})
             # Mail without a date is outside every range (its sent_at means nothing).
             must.append({"equals": {"dated": 1}})
+        if query.received_from is not None or query.received_to is not None:
+            received: dict[str, int] = {}
+            if query.received_from is not None:
+                received["gte"] = epoch_seconds(query.received_from)
+            if query.received_to is not None:
+                received["lt"] = epoch_seconds(query.received_to)
+            must.append({"range": {"received_at": received}})
+            must.append({"equals": {"received": 1}})
         if query.sender is not None:
             must.append({"equals": {"any(sender_ids)": _sender_key(query.sender)}})
         if query.mailbox is not None:
@@ -777,17 +802,14 @@ class ManticoreBackend:
         request = {
             "table": table,
             "query": {"bool": boolean},
-            # Ties: newest first, undated last, then the higher id (as the
-            # Postgres backend's "sent_at DESC NULLS LAST, archive_id DESC").
-            "sort": [{"_score": "desc"}, {"dated": "desc"}, {"sent_at": "desc"},
-                     {"id": "desc"}],
+            "sort": _SORTS[query.sort],  # ties as in Postgres (_SORTS)
             "track_scores": True,
             "limit": query.limit,
             "offset": query.offset,
             # Paging past the default window errors unless max_matches covers
             # offset+limit (Pagination.md, mail-notes 3.2).
             "max_matches": max(_DEFAULT_MAX_MATCHES, query.offset + query.limit),
-            "_source": ["subject", "sender", "sent_at", "dated"],
+            "_source": ["subject", "sender", "sent_at", "dated", "received_at", "received"],
             "highlight": {
                 "fields": list(_SNIPPET_FIELDS),
                 "pre_tags": HIGHLIGHT_START,
@@ -810,6 +832,7 @@ class ManticoreBackend:
             score = raw.get("_score")
             sent = _int(source.get("sent_at"))
             dated = source.get("dated")
+            received_at = _int(source.get("received_at"))
             hits.append(SearchHit(
                 archive_id=archive_id,
                 score=float(score) if isinstance(score, int | float) else 0.0,
@@ -818,6 +841,9 @@ class ManticoreBackend:
                 sent_at=(datetime.fromtimestamp(sent, UTC)
                          if sent is not None and dated in (True, 1) else None),
                 snippet=render_snippet(self._snippet(raw.get("highlight"))),
+                received_at=(datetime.fromtimestamp(received_at, UTC)
+                             if received_at is not None and source.get("received") in (True, 1)
+                             else None),
             ))
         return SearchResult(total=total, hits=tuple(hits), ignored=ignored)
 

@@ -14,11 +14,13 @@ and indexing cost are kept by stemming at most ``stem_chars`` of the body
 and of the attachment text (``max_field_chars`` are stored); longer text
 stays searchable on its first part.
 
-Search (``nexarch_mail_search``, migration 0015): one statement, so one
+Search (``nexarch_mail_search``, migration 0018): one statement, so one
 snapshot; matches come from the GIN index alone, at most ``count_limit`` are
 counted (beyond: ``exact_total`` false) and the first ``rank_limit`` are
 ranked by a small vector (subject, people, the body's first 400
-characters). Snippets mark the query's lexemes in Python (``mark_snippet``).
+characters). Sorted by sent or received date, a text query orders every
+match by that date first (one row read per match), so the newest come first
+even past ``count_limit``. Snippets mark the query's lexemes in Python (``mark_snippet``).
 
 Fenced writes (``base.WriteFence``, guarantee 15). The index lives in the
 queue's database, so a fenced ``upsert`` or ``delete`` is one statement that
@@ -290,7 +292,7 @@ class PostgresIndex:
                 [_vector_text(d.body[:cap], stem) for d in docs],
                 [_vector_text(f"{n} {d.attachment_text[:cap]}", stem + 10_000)
                  for n, d in zip(names, docs, strict=True)],
-                job_ids, leases)
+                job_ids, leases, [d.received_at for d in docs])
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         except DatabaseError as exc:
@@ -324,16 +326,21 @@ class PostgresIndex:
                 rows = await self.db.fetch(
                     _SQL["search_text"], self.configs, query.tenant_slug, text, sender,
                     query.date_from, query.date_to, query.mailbox, query.limit, query.offset,
-                    cap, max(self.rank_limit, query.offset + query.limit))
+                    cap, max(self.rank_limit, query.offset + query.limit),
+                    query.received_from, query.received_to, query.sort)
             else:
+                # The empty query has no relevance: newest sent first, or
+                # newest received first.
+                name = "search_all_received" if query.sort == "received" else "search_all"
                 rows = await self.db.fetch(
-                    _SQL["search_all"], query.tenant_slug, sender, query.date_from,
-                    query.date_to, query.mailbox, query.limit, query.offset, cap)
+                    _SQL[name], query.tenant_slug, sender, query.date_from,
+                    query.date_to, query.mailbox, query.limit, query.offset, cap,
+                    query.received_from, query.received_to)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
-                      sender=r["sender"], sent_at=r["sent_at"],
+                      sender=r["sender"], sent_at=r["sent_at"], received_at=r["received_at"],
                       snippet=render_snippet(mark_snippet(r["body_head"] or "", r["lexemes"])))
             for r in rows if r["archive_id"] is not None)
         counted = int(rows[0]["total"]) if rows else 0

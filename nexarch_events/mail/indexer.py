@@ -80,6 +80,7 @@ def _parse(stored: StoredMessage, max_text_chars: int
     document = mime.to_index_document(parsed, archive_id=stored.archive_id,
                                       tenant_slug=stored.tenant_slug,
                                       mailboxes=stored.mailboxes, size_bytes=stored.size_bytes)
+    document = replace(document, received_at=stored.received_at)
     if document.sent_at is None and stored.received_at is not None:
         # No (usable) Date header: the server's received date is the best we have.
         document = replace(document, sent_at=stored.received_at)

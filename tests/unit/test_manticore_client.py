@@ -101,7 +101,7 @@ async def test_ensure_schema_creates_the_tenant_table_named_from_the_slug(
         "attachment_names": "text", "attachment_text": "text",
         "sender_address": "string", "sender_ids": "multi64", "mailbox_ids": "multi64",
         "sent_at": "bigint", "dated": "bool", "size_bytes": "bigint",
-        "version": "bigint", "deleted": "bool",
+        "received_at": "bigint", "received": "bool", "version": "bigint", "deleted": "bool",
     }
     assert table.options["morphology"] == "stem_en, libstemmer_de"
     assert table.options["charset_table"].startswith("non_cont, U+00E4, U+00C4->U+00E4")
