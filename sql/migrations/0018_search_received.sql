@@ -5,6 +5,17 @@
 
 ALTER TABLE mail_search_documents ADD COLUMN received_at timestamptz;
 
+-- Documents indexed before get their received date now (one pass over the
+-- locations), not only when they are indexed again.
+UPDATE mail_search_documents d
+   SET received_at = l.received_at
+  FROM (SELECT archive_id, tenant_slug, min(internaldate) AS received_at
+          FROM mail_archive_locations
+         WHERE internaldate IS NOT NULL
+         GROUP BY archive_id, tenant_slug) l
+ WHERE d.archive_id = l.archive_id
+   AND d.tenant_slug = l.tenant_slug;
+
 -- The empty query sorted by received date, and ranges on it.
 CREATE INDEX mail_search_documents_received
     ON mail_search_documents (tenant_slug, received_at DESC NULLS LAST, archive_id DESC);
