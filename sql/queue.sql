@@ -39,12 +39,22 @@ SELECT acked, id, status, job_type, tenant_slug, message_id, payload, attempts,
                                      $5::float8, $6::int, $7::int, $8::text);
 
 -- name: heartbeat
--- $1 ids, $2 leases. Returns the ids whose lease is still held.
+-- $1 ids, $2 leases. Returns the ids whose lease is still held. Rows are
+-- locked in id order first, as the fenced index writes lock them
+-- (search.sql upsert/delete): a heartbeat and a write of the same process
+-- wait for each other, never deadlock.
+WITH held AS (
+    SELECT j.id
+      FROM mail_index_jobs j, unnest($1::bigint[], $2::uuid[]) AS a(id, lease)
+     WHERE j.id = a.id
+       AND j.lease = a.lease
+     ORDER BY j.id
+       FOR NO KEY UPDATE OF j
+)
 UPDATE mail_index_jobs j
    SET heartbeat_at = now()
-  FROM unnest($1::bigint[], $2::uuid[]) AS a(id, lease)
- WHERE j.id = a.id
-   AND j.lease = a.lease
+  FROM held h
+ WHERE j.id = h.id
 RETURNING j.id;
 
 -- name: release

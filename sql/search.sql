@@ -7,15 +7,36 @@
 -- configurations ("german,english"); $14-$17 are the texts the vector is
 -- built from (runs of continuous scripts split into bigrams, capped), NULL
 -- where they equal the stored text.
+-- $18/$19, the fence (index/postgres.py): per document the job id and lease
+-- it is written for, or NULL arrays for an unfenced write. A fenced document
+-- is written only if its job is still 'processing' under that lease, checked
+-- under a share lock on the job row that this statement holds until it
+-- commits: the sweeper's reclaim (FOR UPDATE SKIP LOCKED) and any ack wait
+-- or pass, so no successor of the job can start before the write is
+-- committed, and a writer that lost its lease writes nothing. Rows are
+-- locked in id order (the heartbeat locks in the same order: no deadlock).
+-- $20: each document's received date (NULL: unknown).
+-- Returns the archive ids written.
+WITH live AS MATERIALIZED (
+    SELECT j.id, j.tenant_slug
+      FROM mail_index_jobs j,
+           (SELECT DISTINCT f.job_id, f.lease
+              FROM unnest($18::bigint[], $19::uuid[]) AS f(job_id, lease)) f
+     WHERE j.id = f.job_id
+       AND j.lease = f.lease
+       AND j.status = 'processing'
+     ORDER BY j.id
+       FOR SHARE OF j
+)
 INSERT INTO mail_search_documents
        (tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
-        attachment_names, attachment_text, sent_at, mailboxes, size_bytes, search,
-        rank_search)
+        attachment_names, attachment_text, sent_at, mailboxes, size_bytes, received_at,
+        search, rank_search)
 SELECT d.tenant_slug, d.archive_id, d.subject, d.sender,
        ARRAY(SELECT jsonb_array_elements_text(d.sender_addresses::jsonb)),
        d.recipients, d.body, d.attachment_names, d.attachment_text, d.sent_at,
        ARRAY(SELECT jsonb_array_elements_text(d.mailboxes::jsonb)),
-       d.size_bytes,
+       d.size_bytes, d.received_at,
        nexarch_mail_tsvector(string_to_array(d.configs, ',')::regconfig[],
                              coalesce(d.v_subject, d.subject),
                              coalesce(d.v_people, d.sender || ' ' || d.recipients),
@@ -32,38 +53,61 @@ SELECT d.tenant_slug, d.archive_id, d.subject, d.sender,
   FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::text[],
               $7::text[], $8::text[], $9::text[], $10::timestamptz[], $11::text[],
               $12::bigint[], $13::text[], $14::text[], $15::text[], $16::text[],
-              $17::text[])
+              $17::text[], $18::bigint[], $20::timestamptz[])
        AS d(tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
             attachment_names, attachment_text, sent_at, mailboxes, size_bytes, configs,
-            v_subject, v_people, v_body, v_attachments)
+            v_subject, v_people, v_body, v_attachments, job_id, received_at)
+ WHERE $18::bigint[] IS NULL
+    OR (d.job_id, d.tenant_slug) IN (SELECT l.id, l.tenant_slug FROM live l)
 ON CONFLICT (tenant_slug, archive_id) DO UPDATE
    SET subject = excluded.subject, sender = excluded.sender,
        sender_addresses = excluded.sender_addresses, recipients = excluded.recipients,
        body = excluded.body, attachment_names = excluded.attachment_names,
        attachment_text = excluded.attachment_text, sent_at = excluded.sent_at,
        mailboxes = excluded.mailboxes, size_bytes = excluded.size_bytes,
-       search = excluded.search, rank_search = excluded.rank_search, indexed_at = now();
+       received_at = excluded.received_at,
+       search = excluded.search, rank_search = excluded.rank_search, indexed_at = now()
+RETURNING archive_id;
 
 -- name: delete
-DELETE FROM mail_search_documents
- WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[]);
+-- $1 tenant, $2 archive ids; $3/$4 the fence (job ids and leases per id, or
+-- NULL arrays), checked as in upsert: a writer that lost its lease deletes
+-- nothing. Returns the archive ids deleted.
+WITH live AS MATERIALIZED (
+    SELECT j.id
+      FROM mail_index_jobs j,
+           (SELECT DISTINCT f.job_id, f.lease
+              FROM unnest($3::bigint[], $4::uuid[]) AS f(job_id, lease)) f
+     WHERE j.id = f.job_id
+       AND j.lease = f.lease
+       AND j.status = 'processing'
+       AND j.tenant_slug = $1
+     ORDER BY j.id
+       FOR SHARE OF j
+)
+DELETE FROM mail_search_documents d
+ USING unnest($2::bigint[], $3::bigint[]) AS f(archive_id, job_id)
+ WHERE d.tenant_slug = $1
+   AND d.archive_id = f.archive_id
+   AND ($3::bigint[] IS NULL OR f.job_id IN (SELECT l.id FROM live l))
+RETURNING d.archive_id;
 
 -- name: search_text
--- A text query: nexarch_mail_search (migration 0015) ranks the first $11
+-- A text query: nexarch_mail_search (migration 0020) ranks the first $11
 -- matches and counts up to $10, in one statement and one snapshot. $3 is
--- to_tsquery text written by index/postgres.py. The result has one row at
--- least: a page past the end gives a single row with the total and NULL
--- archive_id.
-SELECT total, archive_id, subject, sender_display AS sender, sent_at, score, body_head,
-       lexemes
+-- to_tsquery text written by index/postgres.py; $12/$13 the received-date
+-- range, $14 the sort order. The result has one row at least: a page past
+-- the end gives a single row with the total and NULL archive_id.
+SELECT total, archive_id, subject, sender_display AS sender, sent_at, received_at, score,
+       body_head, lexemes
   FROM nexarch_mail_search($1::regconfig[], $2, $3, $4, $5, $6, $7, $8::int, $9::int,
-                           $10::int, $11::int);
+                           $10::int, $11::int, $12, $13, $14);
 
 -- name: search_all
 -- The empty query: every message of the tenant ($1) that passes the
 -- filters, newest first, undated last (index mail_search_documents_newest);
 -- counted up to $8 in the same statement (one snapshot). One row at least,
--- as search_text.
+-- as search_text. $9/$10: the received-date range.
 WITH found AS MATERIALIZED (
     SELECT d.archive_id, d.sent_at
       FROM mail_search_documents d
@@ -72,6 +116,8 @@ WITH found AS MATERIALIZED (
        AND ($3::timestamptz IS NULL OR d.sent_at >= $3)
        AND ($4::timestamptz IS NULL OR d.sent_at < $4)
        AND ($5::text IS NULL OR $5 = ANY (d.mailboxes))
+       AND ($9::timestamptz IS NULL OR d.received_at >= $9)
+       AND ($10::timestamptz IS NULL OR d.received_at < $10)
      ORDER BY d.sent_at DESC NULLS LAST, d.archive_id DESC
      LIMIT $8::int
 ),
@@ -80,12 +126,40 @@ page AS (
      ORDER BY f.sent_at DESC NULLS LAST, f.archive_id DESC
      LIMIT $6::int OFFSET $7::int
 )
-SELECT t.total, p.archive_id, d.subject, d.sender, p.sent_at, 0::real AS score,
+SELECT t.total, p.archive_id, d.subject, d.sender, d.sent_at, d.received_at, 0::real AS score,
        left(d.body, 200) AS body_head, NULL::text AS lexemes
   FROM (SELECT count(*) AS total FROM found) t
   LEFT JOIN page p ON true
   LEFT JOIN mail_search_documents d ON d.tenant_slug = $1 AND d.archive_id = p.archive_id
  ORDER BY p.sent_at DESC NULLS LAST, p.archive_id DESC;
+
+-- name: search_all_received
+-- search_all listed by received date, newest first, unknown last (index
+-- mail_search_documents_received, migration 0020).
+WITH found AS MATERIALIZED (
+    SELECT d.archive_id, d.received_at
+      FROM mail_search_documents d
+     WHERE d.tenant_slug = $1
+       AND ($2::text IS NULL OR $2 = ANY (d.sender_addresses))
+       AND ($3::timestamptz IS NULL OR d.sent_at >= $3)
+       AND ($4::timestamptz IS NULL OR d.sent_at < $4)
+       AND ($5::text IS NULL OR $5 = ANY (d.mailboxes))
+       AND ($9::timestamptz IS NULL OR d.received_at >= $9)
+       AND ($10::timestamptz IS NULL OR d.received_at < $10)
+     ORDER BY d.received_at DESC NULLS LAST, d.archive_id DESC
+     LIMIT $8::int
+),
+page AS (
+    SELECT f.archive_id, f.received_at FROM found f
+     ORDER BY f.received_at DESC NULLS LAST, f.archive_id DESC
+     LIMIT $6::int OFFSET $7::int
+)
+SELECT t.total, p.archive_id, d.subject, d.sender, d.sent_at, d.received_at, 0::real AS score,
+       left(d.body, 200) AS body_head, NULL::text AS lexemes
+  FROM (SELECT count(*) AS total FROM found) t
+  LEFT JOIN page p ON true
+  LEFT JOIN mail_search_documents d ON d.tenant_slug = $1 AND d.archive_id = p.archive_id
+ ORDER BY p.received_at DESC NULLS LAST, p.archive_id DESC;
 
 -- name: ids_page
 SELECT archive_id FROM mail_search_documents

@@ -23,6 +23,7 @@ from ..index.base import (
     MAX_LIMIT,
     MAX_OFFSET,
     MAX_QUERY_LENGTH,
+    SORT_ORDERS,
     InvalidQuery,
     SearchQuery,
     parse_query,
@@ -44,7 +45,8 @@ _IMPORTER_SQL = sqlfiles.queries("importer.sql")
 READY_TIMEOUT_S = 2.0
 #: Seconds a client refused a stream (429) is asked to wait.
 STREAM_RETRY_AFTER_S = 5
-SEARCH_PARAMS = ("tenant", "q", "limit", "offset", "sender", "mailbox", "since", "until")
+SEARCH_PARAMS = ("tenant", "q", "limit", "offset", "sender", "mailbox", "since", "until",
+                 "received_since", "received_until", "sort")
 THROUGHPUT_WINDOW_S = 60.0
 
 #: The status page may load its own script and style and call this API;
@@ -235,14 +237,26 @@ class _Api:
         offset = request.int_param("offset", 0, low=0, high=MAX_OFFSET)
         text = request.param("q") or ""
         since, until = _timestamp(request, "since"), _timestamp(request, "until")
+        received_since = _timestamp(request, "received_since")
+        received_until = _timestamp(request, "received_until")
+        sort = request.param("sort") or "relevance"
+        if sort not in SORT_ORDERS:
+            raise ApiError(400, f"query parameter 'sort' must be one of "
+                                f"{', '.join(SORT_ORDERS)}, got {sort[:40]!r}")
         if since is not None and until is not None and since >= until:
             return json_response(_no_hits("since is not before until: no mail can be "
                                           "sent in between"))
+        if received_since is not None and received_until is not None \
+                and received_since >= received_until:
+            return json_response(_no_hits("received_since is not before received_until: no "
+                                          "mail can be received in between"))
         try:
             query = SearchQuery(tenant, "",
                                 sender=request.param("sender") or None,
                                 mailbox=request.param("mailbox") or None,
-                                date_from=since, date_to=until, limit=limit, offset=offset)
+                                date_from=since, date_to=until, limit=limit, offset=offset,
+                                received_from=received_since, received_to=received_until,
+                                sort=sort)
         except (InvalidQuery, InvalidJobError) as exc:
             raise ApiError(400, f"bad search: {exc}") from None
         try:
@@ -259,8 +273,8 @@ class _Api:
             "total": result.total, "exact_total": result.exact_total,
             "ignored": list(result.ignored), "hits": [
                 {"archive_id": hit.archive_id, "subject": hit.subject, "sender": hit.sender,
-                 "sent_at": hit.sent_at, "snippet": hit.snippet,
-                 "mailboxes": seen.get(hit.archive_id, [])}
+                 "sent_at": hit.sent_at, "received_at": hit.received_at,
+                 "snippet": hit.snippet, "mailboxes": seen.get(hit.archive_id, [])}
                 for hit in result.hits]})
 
     async def events(self, request: Request, who: Principal) -> Stream:

@@ -66,6 +66,9 @@ def search_query(args: argparse.Namespace) -> Any:
         return SearchQuery(args.tenant, args.query, sender=args.sender,
                            date_from=parse_date(args.since, "--since"),
                            date_to=parse_date(args.until, "--until"),
+                           received_from=parse_date(args.received_since, "--received-since"),
+                           received_to=parse_date(args.received_until, "--received-until"),
+                           sort=args.sort,
                            mailbox=args.mailbox, limit=args.limit, offset=args.offset)
     except InvalidQuery as exc:
         raise ConfigurationError(f"search: {exc}") from exc
@@ -113,6 +116,8 @@ def format_hits(result: Any, offset: int, width: int) -> list[str]:
         lines.extend(textwrap.wrap(subject, width, initial_indent=f"{number:>4}. ",
                                    subsequent_indent=indent, break_long_words=False))
         lines.extend(wrap("from", hit.sender))
+        if hit.received_at is not None:
+            when += f" (received {hit.received_at.strftime('%Y-%m-%d %H:%M')})"
         lines.append(f"{indent}{'date':<8}{when}   archive id {hit.archive_id}")
         snippet = hit.snippet.replace("<mark>", "[").replace("</mark>", "]")
         lines.extend(wrap("text", html.unescape(snippet)))
@@ -167,6 +172,12 @@ def register(sub: Subparsers) -> None:
     search.add_argument("--sender", help="only mail from this address")
     search.add_argument("--since", help="sent at or after (YYYY-MM-DD[THH:MM], UTC)")
     search.add_argument("--until", help="sent before")
+    search.add_argument("--received-since",
+                        help="received by the server at or after (IMAP INTERNALDATE)")
+    search.add_argument("--received-until", help="received by the server before")
+    search.add_argument("--sort", default="relevance",
+                        help="relevance (best match first, the default), sent (newest sent "
+                             "first) or received (newest received first)")
     search.add_argument("--mailbox", help="only mail seen in this mailbox")
     search.add_argument("--limit", type=int, default=20)
     search.add_argument("--offset", type=int, default=0)

@@ -4,6 +4,18 @@ database, the embedded default) and ``manticore`` (Manticore's HTTP JSON API).
 
 Every backend keeps tenants apart: a document belongs to exactly one tenant,
 and every search is scoped to exactly one tenant.
+
+Fenced writes (guarantee 15). A worker whose lease was taken over (the
+sweeper thought it dead, another worker ran its job again) may still reach
+the index afterwards, possibly after a later delete of the same message. So
+``upsert`` and ``delete`` take an optional ``fences``: per document, the
+queue job on whose behalf it is written (``WriteFence``: job id and lease).
+A fenced write is applied only if it cannot undo a later job's effect; how
+each backend keeps that promise is argued in its module (postgres: the lease
+is checked under a row lock in the writing statement; manticore: the job id
+is a version that only grows, deletes leave tombstones). Without fences a
+write is unconditional, as before: fine for tools that write alone (tests,
+a one-off load), not for workers.
 """
 
 from __future__ import annotations
@@ -17,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from ..errors import NexarchError
-from ..models import validate_tenant_slug
+from ..models import JobId, LeaseToken, validate_tenant_slug
 
 #: Largest document id: Manticore ids are unsigned 64-bit but misbehave
 #: above 2^63-1 (mail-notes 3.4); Postgres bigint stops there too.
@@ -222,11 +234,30 @@ class IndexDocument:
     #: Names of the mailboxes the message was seen in.
     mailboxes: tuple[str, ...] = ()
     size_bytes: int = 0
+    #: When a server received it (the earliest IMAP INTERNALDATE of its
+    #: locations), or None (never imported from IMAP, or not reported).
+    received_at: datetime | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.archive_id <= MAX_DOCUMENT_ID:
             raise ValueError(f"archive id {self.archive_id} outside 1..2^63-1")
         validate_tenant_slug(self.tenant_slug)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFence:
+    """The queue job a fenced write is made for (see the module doc).
+
+    ``job_id`` orders the writes of one message (a later job of a message
+    has a larger id: per-key enqueue order, guarantee 3); ``lease`` is the
+    claim the writer holds, and proves it still holds the job."""
+
+    job_id: JobId
+    lease: LeaseToken
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.job_id <= MAX_DOCUMENT_ID:
+            raise ValueError(f"job id {self.job_id} outside 1..2^63-1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +276,14 @@ class SearchQuery:
     mailbox: str | None = None
     limit: int = 20
     offset: int = 0
+    #: received_at >= received_from and received_at < received_to (mail
+    #: without a received date is outside every such range).
+    received_from: datetime | None = None
+    received_to: datetime | None = None
+    #: ``relevance`` (text queries: best first; the empty query: as ``sent``),
+    #: ``sent`` (newest Date first, undated last) or ``received`` (newest
+    #: received date first, unknown last). Ties: the higher archive id first.
+    sort: str = "relevance"
 
     def __post_init__(self) -> None:
         validate_tenant_slug(self.tenant_slug)
@@ -261,12 +300,21 @@ class SearchQuery:
             raise InvalidQuery(f"limit must be 1..{MAX_LIMIT}, got {self.limit}")
         if not 0 <= self.offset <= MAX_OFFSET:
             raise InvalidQuery(f"offset must be 0..{MAX_OFFSET}, got {self.offset}")
-        for name in ("date_from", "date_to"):
+        for name in ("date_from", "date_to", "received_from", "received_to"):
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
                 raise InvalidQuery(f"{name} must carry a time zone")
         if self.date_from and self.date_to and self.date_from >= self.date_to:
             raise InvalidQuery("date_from must be before date_to")
+        if self.received_from and self.received_to and self.received_from >= self.received_to:
+            raise InvalidQuery("received_from must be before received_to")
+        if self.sort not in SORT_ORDERS:
+            raise InvalidQuery(f"sort must be one of {', '.join(SORT_ORDERS)}, "
+                               f"got {self.sort!r}")
+
+
+#: The orders a search can list its hits in (``SearchQuery.sort``).
+SORT_ORDERS = ("relevance", "sent", "received")
 
 
 @dataclass(frozen=True, slots=True)
@@ -278,6 +326,7 @@ class SearchHit:
     sent_at: datetime | None
     #: HTML-safe: text is escaped, matches are wrapped in <mark>...</mark>.
     snippet: str
+    received_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +349,20 @@ class IndexBackend(Protocol):
     async def ensure_schema(self, tenant_slug: str) -> None:
         """Create what this tenant's documents need (idempotent)."""
 
-    async def upsert(self, documents: Sequence[IndexDocument]) -> None:
+    async def upsert(self, documents: Sequence[IndexDocument],
+                     fences: Sequence[WriteFence] | None = None) -> None:
         """Insert or replace documents (idempotent: replaying a batch is
-        harmless). All of one call may be one transaction. Raises
-        IndexUnavailable (retry) or IndexRejected (permanent)."""
+        harmless). All of one call may be one transaction. ``fences``, one
+        per document: write a document only where its job's write cannot
+        undo a later job's (module doc); a fenced-out document is skipped
+        silently (its job's ack is refused anyway). Raises IndexUnavailable
+        (retry) or IndexRejected (permanent)."""
 
-    async def delete(self, tenant_slug: str, archive_ids: Sequence[int]) -> None:
-        """Remove documents; ids not in the index are ignored."""
+    async def delete(self, tenant_slug: str, archive_ids: Sequence[int],
+                     fences: Sequence[WriteFence] | None = None) -> None:
+        """Remove documents; ids not in the index are ignored. ``fences``,
+        one per id, as for ``upsert``: a delete never removes what a later
+        job wrote."""
 
     async def search(self, query: SearchQuery) -> SearchResult:
         """Ranked hits of exactly one tenant. Raises InvalidQuery."""

@@ -41,8 +41,53 @@ Schema of a tenant table (``CREATE_TABLE_SQL``):
 * ``regexp_filter``: ä ö ü ß are written out (ae oe ue ss) in documents and
   queries alike, so Grüße finds Gruesse and Straße finds Strasse.
 
+* ``received_at bigint`` and ``received bool``: the server's received date
+  (IMAP INTERNALDATE), kept as ``sent_at``/``dated`` are.
+* ``version bigint`` and ``deleted bool``: the fence (below).
+
 ``ensure_schema`` only creates a missing table (``IF NOT EXISTS``); it does
-not change an existing one.
+not change an existing one, except that it adds ``received_at``,
+``received``, ``version`` and ``deleted`` to a table made before they
+existed (``ALTER TABLE ... ADD COLUMN``; old documents read as received
+date unknown, version 0, not deleted).
+
+Fenced writes (``base.WriteFence``, guarantee 15). Manticore cannot check a
+lease in Postgres, and it has no conditional replace: ``replace`` overwrites
+whatever is there, so a zombie worker's late ``replace`` would bring back a
+message a later delete job removed. What it has, per the manual and
+mail-notes 3.2/6: ``insert`` refuses an id that exists (409 "duplicate id"),
+a delete by query removes only the documents its filters match, and the
+lines of one ``/bulk`` against one table are one transaction (all land or
+none). Fenced writes are built from those:
+
+* Every document carries ``version`` = the id of the job that wrote it. A
+  later job of a message has a larger id (per-key enqueue order), so the
+  version of a message only grows as jobs take effect.
+* A fenced delete does not remove the document: it writes a **tombstone**
+  (``deleted`` true, no text, ``version`` = the delete job's id). Search and
+  ``document_ids`` skip tombstones. They stay (one tiny row per erased
+  message) until the tenant's table is dropped.
+* A write of version V (document or tombstone) never uses ``replace``:
+  (1) delete by query ``id = M AND version < V``, which removes only older
+  rows; (2) ``insert``, which lands only if nothing is there. If the insert
+  meets a row (duplicate id: a concurrent writer got in between, or the row
+  is newer), read its version: V or newer means the write is superseded and
+  done, writing nothing; older or gone means go round again (bounded, then
+  IndexUnavailable: the job is retried).
+* Hence the invariant: a row of version W is only ever removed by a writer
+  of a version above W, and only inserted where no row is. A zombie's write
+  of version V after the delete of version D > V removes nothing (D is not
+  older) and inserts nothing (the tombstone is there): the message stays
+  unsearchable. A late zombie delete after a newer index leaves the newer
+  document alone the same way.
+
+The common case costs what it did: a first index is one ``/bulk`` of
+inserts. A re-index costs four requests (the insert meets the old row, read
+the versions, delete the older rows, insert), a delete two. Two writes of
+the same version (a job and its zombie) keep whichever landed first: the
+same archived message, so the same document. Writes without fences are the
+old unconditional ``replace`` / delete by id (version 0), for tools that
+write alone; they would overwrite a tombstone.
 """
 
 from __future__ import annotations
@@ -74,6 +119,7 @@ from .base import (
     SearchHit,
     SearchQuery,
     SearchResult,
+    WriteFence,
     epoch_seconds,
     parse_query,
     parse_user_query,
@@ -82,8 +128,8 @@ from .base import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CREATE_TABLE_SQL", "FIELD_WEIGHTS", "ManticoreBackend", "SchemaMismatch",
-           "TableMissing", "translate_query"]
+__all__ = ["CREATE_TABLE_SQL", "FIELD_WEIGHTS", "DuplicateId", "ManticoreBackend",
+           "SchemaMismatch", "TableMissing", "translate_query"]
 
 # One INFO line per request from httpx is noise in a service's log: its
 # warnings still show. (aio/imap.py does the same for aioimaplib.)
@@ -97,7 +143,8 @@ CREATE_TABLE_SQL: Final = (
     "subject text, body text, sender text, recipients text, "
     "attachment_names text, attachment_text text, "
     "sender_address string, sender_ids multi64, mailbox_ids multi64, "
-    "sent_at bigint, dated bool, size_bytes bigint"
+    "sent_at bigint, dated bool, size_bytes bigint, received_at bigint, received bool, "
+    "version bigint, deleted bool"
     ") charset_table='non_cont, U+00E4, U+00C4->U+00E4, U+00F6, U+00D6->U+00F6, "
     "U+00FC, U+00DC->U+00FC, U+00DF, U+1E9E->U+00DF' "
     "ngram_chars='cont' ngram_len='1' "
@@ -110,7 +157,24 @@ CREATE_TABLE_SQL: Final = (
 #: (``id`` included); ``ensure_schema`` checks an existing table against it.
 TABLE_COLUMNS: Final = frozenset({
     "id", "subject", "body", "sender", "recipients", "attachment_names", "attachment_text",
-    "sender_address", "sender_ids", "mailbox_ids", "sent_at", "dated", "size_bytes"})
+    "sender_address", "sender_ids", "mailbox_ids", "sent_at", "dated", "size_bytes",
+    "received_at", "received", "version", "deleted"})
+#: Columns ``ensure_schema`` adds to a table made before they existed, and
+#: their types (``ALTER TABLE ... ADD COLUMN``).
+ADDED_COLUMNS: Final = {"received_at": "bigint", "received": "bool", "version": "bigint",
+                        "deleted": "bool"}
+#: ``SearchQuery.sort`` as Manticore sorts. Ties: newest first, undated
+#: last, then the higher id (as the Postgres backend's "sent_at DESC NULLS
+#: LAST, archive_id DESC"). The empty query scores every hit alike, so
+#: relevance lists it by date.
+_SORTS: Final[dict[str, list[dict[str, str]]]] = {
+    "relevance": [{"_score": "desc"}, {"dated": "desc"}, {"sent_at": "desc"}, {"id": "desc"}],
+    "sent": [{"dated": "desc"}, {"sent_at": "desc"}, {"id": "desc"}],
+    "received": [{"received": "desc"}, {"received_at": "desc"}, {"id": "desc"}],
+}
+#: Rounds a fenced write goes through while concurrent writers of the same
+#: documents keep getting in between (each round: delete older, insert).
+_FENCE_ROUNDS: Final = 5
 
 #: subject > sender/recipients > body > attachments (Options.md, field_weights).
 FIELD_WEIGHTS: Final[dict[str, int]] = {
@@ -162,6 +226,10 @@ _RETRYABLE_STATUS: Final = frozenset({408, 425, 429, 502, 503, 504})
 
 class TableMissing(IndexRejected):
     """The tenant's table does not exist: run ``ensure_schema`` for it."""
+
+
+class DuplicateId(IndexRejected):
+    """An insert met an existing document id (fenced writes expect this)."""
 
 
 class SchemaMismatch(IndexRejected):
@@ -243,7 +311,16 @@ def _mailbox_key(name: str) -> int:
     return _hash_id(b"mailbox", name)
 
 
-def _document_fields(doc: IndexDocument) -> dict[str, object]:
+def _tombstone_fields(version: int) -> dict[str, object]:
+    """A fenced delete's row: no text, no attributes, only its version."""
+    return {"subject": "", "body": "", "sender": "", "recipients": "",
+            "attachment_names": "", "attachment_text": "", "sender_address": "",
+            "sender_ids": [], "mailbox_ids": [], "sent_at": 0, "dated": False,
+            "size_bytes": 0, "received_at": 0, "received": False, "version": version,
+            "deleted": True}
+
+
+def _document_fields(doc: IndexDocument, version: int = 0) -> dict[str, object]:
     addresses = [a.strip().lower() for a in doc.sender_addresses if a.strip()]
     return {
         "subject": _clean(doc.subject),
@@ -258,7 +335,16 @@ def _document_fields(doc: IndexDocument) -> dict[str, object]:
         "sent_at": epoch_seconds(doc.sent_at) if doc.sent_at is not None else 0,
         "dated": doc.sent_at is not None,
         "size_bytes": max(0, doc.size_bytes),
+        "received_at": epoch_seconds(doc.received_at) if doc.received_at is not None else 0,
+        "received": doc.received_at is not None,
+        "version": version,
+        "deleted": False,
     }
+
+
+def _version_of(fields: dict[str, object]) -> int:
+    version = fields.get("version")
+    return version if isinstance(version, int) else 0
 
 
 def _chunks(lines: Sequence[bytes], limit: int) -> Iterable[bytes]:
@@ -470,6 +556,11 @@ class ManticoreBackend:
         table = self.table_name(tenant_slug)
         await self._call("/sql", self._ddl(CREATE_TABLE_SQL, table).encode(),
                          "text/plain; charset=utf-8", params={"mode": "raw"})
+        await self._check_columns(table)
+
+    async def _check_columns(self, table: str) -> None:
+        """Raise SchemaMismatch unless the table has this client's columns;
+        add the fence's columns to a table made before them."""
         reply = await self._call("/sql", self._ddl("DESC {table}", table).encode(),
                                  "text/plain; charset=utf-8", params={"mode": "raw"})
         found: set[str] = set()
@@ -479,12 +570,39 @@ class ManticoreBackend:
                 for row in rows if isinstance(rows, list) else []:
                     if isinstance(row, dict) and isinstance(row.get("Field"), str):
                         found.add(row["Field"].lower())
+        if found and TABLE_COLUMNS - found <= set(ADDED_COLUMNS):
+            # A table from before fenced writes: add their columns (existing
+            # documents read as version 0, not deleted).
+            for column in sorted(TABLE_COLUMNS - found):
+                await self._call(
+                    "/sql", self._ddl(f"ALTER TABLE {{table}} ADD COLUMN {column} "
+                                      f"{ADDED_COLUMNS[column]}", table).encode(),
+                    "text/plain; charset=utf-8", params={"mode": "raw"})
+                found.add(column)
         missing = sorted(TABLE_COLUMNS - found)
         if missing:
             raise SchemaMismatch(
                 f"{self._label('/sql')}: table {table} has another schema (missing "
                 f"{', '.join(missing)}); ensure_schema only creates missing tables: drop "
                 "it and reindex the tenant")
+
+    async def _search_call(self, table: str, request: dict[str, object]) -> object:
+        """POST /search; a table made before the fence's columns (filtering
+        on ``deleted`` names an unknown column) gets them, and the request is
+        sent once more, so search works before the first write upgraded it."""
+        body = json.dumps(request).encode()
+        try:
+            return await self._call("/search", body, "application/json")
+        except TableMissing:
+            raise
+        except IndexRejected as exc:
+            if "unknown column" not in str(exc) or not any(
+                    column in str(exc) for column in ADDED_COLUMNS):
+                raise
+            logger.info("Manticore table %s predates fenced writes: adding %s", table,
+                        ", ".join(ADDED_COLUMNS))
+            await self._check_columns(table)
+            return await self._call("/search", body, "application/json")
 
     async def drop_schema(self, tenant_slug: str) -> None:
         """Drop the tenant's table and every document in it (idempotent)."""
@@ -494,35 +612,119 @@ class ManticoreBackend:
 
     # -- writes --------------------------------------------------------------
 
-    async def upsert(self, documents: Sequence[IndexDocument]) -> None:
-        """Replace (insert or overwrite) documents by archive id.
+    async def upsert(self, documents: Sequence[IndexDocument],
+                     fences: Sequence[WriteFence] | None = None) -> None:
+        """Write documents by archive id.
 
-        One /bulk request per tenant and at most ``max_bulk_bytes`` of
-        documents (a larger batch is sent in several requests, each one
-        Manticore transaction; a retry replays the whole batch). ``replace``
-        makes a replayed batch harmless (``insert`` would fail it with 409).
-        When the tenant's table is missing, this creates it
-        (``ensure_schema``) and sends the request once more: indexing a new
-        tenant's first message needs no separate provisioning step.
+        Unfenced: ``replace`` (insert or overwrite), one /bulk request per
+        tenant and at most ``max_bulk_bytes`` of documents (a larger batch is
+        sent in several requests, each one Manticore transaction; a retry
+        replays the whole batch, harmlessly). Fenced: versioned writes that
+        never overwrite a newer version (module doc). When the tenant's
+        table is missing, this creates it (``ensure_schema``) and sends the
+        request once more: indexing a new tenant's first message needs no
+        separate provisioning step.
         """
-        by_tenant: dict[str, list[IndexDocument]] = {}
-        for doc in documents:
-            by_tenant.setdefault(doc.tenant_slug, []).append(doc)
-        for slug, docs in by_tenant.items():
+        if fences is not None and len(fences) != len(documents):
+            raise ValueError(f"{len(fences)} fences for {len(documents)} documents: one each")
+        by_tenant: dict[str, list[tuple[IndexDocument, WriteFence | None]]] = {}
+        for n, doc in enumerate(documents):
+            by_tenant.setdefault(doc.tenant_slug, []).append(
+                (doc, fences[n] if fences is not None else None))
+        for slug, pairs in by_tenant.items():
             table = self.table_name(slug)
+            if fences is not None:
+                await self._write_versioned(slug, table, [
+                    (doc.archive_id, _document_fields(doc, int(fence.job_id)))
+                    for doc, fence in pairs if fence is not None], delete_first=False)
+                continue
             lines = [_ndjson([{"replace": {"table": table, "id": doc.archive_id,
-                                           "doc": _document_fields(doc)}}]) for doc in docs]
+                                           "doc": _document_fields(doc)}}])
+                     for doc, _ in pairs]
             for body in _chunks(lines, self._max_bulk_bytes):
-                try:
-                    await self._call("/bulk", body, "application/x-ndjson")
-                except TableMissing:
-                    logger.info("Manticore table %s is missing: creating it", table)
-                    await self.ensure_schema(slug)
-                    await self._call("/bulk", body, "application/x-ndjson")
+                await self._bulk_creating(slug, table, body)
 
-    async def delete(self, tenant_slug: str, archive_ids: Sequence[int]) -> None:
-        """Remove documents by id; unknown ids, and a missing table, are no-ops."""
+    async def _bulk_creating(self, slug: str, table: str, body: bytes) -> object:
+        """POST /bulk; a missing table is created and the request sent again."""
+        try:
+            return await self._call("/bulk", body, "application/x-ndjson")
+        except TableMissing:
+            logger.info("Manticore table %s is missing: creating it", table)
+            await self.ensure_schema(slug)
+            return await self._call("/bulk", body, "application/x-ndjson")
+
+    async def _write_versioned(self, slug: str, table: str,
+                               rows: list[tuple[int, dict[str, object]]], *,
+                               delete_first: bool) -> None:
+        """Write each (id, fields) unless a row of its version or newer is
+        there; never remove a newer row (module doc: fenced writes)."""
+        remaining = [(doc_id, fields) for doc_id, fields in rows if 1 <= doc_id <= MAX_DOCUMENT_ID]
+        for round_ in range(_FENCE_ROUNDS):
+            if not remaining:
+                return
+            if round_ > 0 or delete_first:
+                # Only rows older than the one to write go.
+                deletes = [_ndjson([{"delete": {"table": table, "query": {"bool": {"must": [
+                    {"equals": {"id": doc_id}},
+                    {"range": {"version": {"lt": fields["version"]}}}]}}}}])
+                    for doc_id, fields in remaining]
+                for body in _chunks(deletes, self._max_bulk_bytes):
+                    await self._bulk_creating(slug, table, body)
+            inserts = [_ndjson([{"insert": {"table": table, "id": doc_id, "doc": fields}}])
+                       for doc_id, fields in remaining]
+            try:
+                for body in _chunks(inserts, self._max_bulk_bytes):
+                    await self._bulk_creating(slug, table, body)
+                return
+            except DuplicateId:
+                # Some id is taken (the failed chunk was rolled back whole):
+                # keep the rows whose current version is older than ours.
+                current = await self._versions(table, [doc_id for doc_id, _ in remaining])
+                remaining = [(doc_id, fields) for doc_id, fields in remaining
+                             if current.get(doc_id, -1) < _version_of(fields)]
+        if remaining:
+            raise IndexUnavailable(
+                f"{self._label('/bulk')}: documents {sorted(i for i, _ in remaining)[:10]} of "
+                f"table {table} kept being rewritten by concurrent writers for "
+                f"{_FENCE_ROUNDS} rounds; retry later")
+
+    async def _versions(self, table: str, ids: Sequence[int]) -> dict[int, int]:
+        """The stored version of each of these ids that has a row (tombstones
+        included)."""
+        out: dict[int, int] = {}
+        for start in range(0, len(ids), _ID_PAGE):
+            chunk = sorted(set(ids[start:start + _ID_PAGE]))
+            try:
+                reply = await self._call("/search", json.dumps({
+                    "table": table, "query": {"bool": {"must": [{"in": {"id": chunk}}]}},
+                    "limit": len(chunk), "max_matches": max(_DEFAULT_MAX_MATCHES, len(chunk)),
+                    "_source": ["version"]}).encode(), "application/json")
+            except TableMissing:
+                return out
+            for hit in self._hits(reply, "/search")[2]:
+                doc_id = _int(hit.get("_id"))
+                source = hit.get("_source")
+                version = _int(source.get("version")) if isinstance(source, dict) else None
+                if doc_id is not None:
+                    out[doc_id] = version if version is not None else 0
+        return out
+
+    async def delete(self, tenant_slug: str, archive_ids: Sequence[int],
+                     fences: Sequence[WriteFence] | None = None) -> None:
+        """Remove documents by id; unknown ids, and a missing table, are no-ops.
+        Fenced: write tombstones of the jobs' versions instead (module doc),
+        creating a missing table, so a zombie's late write finds them."""
         table = self.table_name(tenant_slug)
+        if fences is not None:
+            if len(fences) != len(archive_ids):
+                raise ValueError(f"{len(fences)} fences for {len(archive_ids)} ids: one each")
+            newest: dict[int, int] = {}
+            for archive_id, fence in zip(archive_ids, fences, strict=True):
+                newest[int(archive_id)] = max(newest.get(int(archive_id), 0), int(fence.job_id))
+            await self._write_versioned(tenant_slug, table, [
+                (archive_id, _tombstone_fields(version))
+                for archive_id, version in sorted(newest.items())], delete_first=True)
+            return
         ids = sorted({i for i in archive_ids
                       if isinstance(i, int) and not isinstance(i, bool)
                       and 1 <= i <= MAX_DOCUMENT_ID})
@@ -544,14 +746,16 @@ class ManticoreBackend:
         last = 0
         while True:
             try:
-                reply = await self._call("/search", json.dumps({
-                "table": table,
-                    "query": {"range": {"id": {"gt": last}}},
+                reply = await self._search_call(table, {
+                    "table": table,
+                    # Tombstones (fenced deletes) are not documents.
+                    "query": {"bool": {"must": [{"range": {"id": {"gt": last}}},
+                                                {"equals": {"deleted": 0}}]}},
                     "sort": [{"id": "asc"}],
                     "limit": _ID_PAGE,
                     "max_matches": _ID_PAGE,
                     "_source": ["sent_at"],
-                }).encode(), "application/json")
+                })
             except TableMissing:
                 return ids  # no table yet: no documents (as in Postgres)
             page = [i for i in (_int(h.get("_id")) for h in self._hits(reply, "/search")[2])
@@ -580,6 +784,8 @@ class ManticoreBackend:
             must: list[dict[str, object]] = [{"query_string": translated}]
         else:
             must = [{"match_all": {}}]  # the empty query lists everything, newest first
+        # Tombstones of fenced deletes (module doc) are never hits.
+        must.append({"equals": {"deleted": 0}})
         must_not: list[dict[str, object]] = []
         if query.date_from is not None or query.date_to is not None:
             bounds: dict[str, int] = {}
@@ -590,6 +796,14 @@ class ManticoreBackend:
             must.append({"range": {"sent_at": bounds}})
             # Mail without a date is outside every range (its sent_at means nothing).
             must.append({"equals": {"dated": 1}})
+        if query.received_from is not None or query.received_to is not None:
+            received: dict[str, int] = {}
+            if query.received_from is not None:
+                received["gte"] = epoch_seconds(query.received_from)
+            if query.received_to is not None:
+                received["lt"] = epoch_seconds(query.received_to)
+            must.append({"range": {"received_at": received}})
+            must.append({"equals": {"received": 1}})
         if query.sender is not None:
             must.append({"equals": {"any(sender_ids)": _sender_key(query.sender)}})
         if query.mailbox is not None:
@@ -600,17 +814,14 @@ class ManticoreBackend:
         request = {
             "table": table,
             "query": {"bool": boolean},
-            # Ties: newest first, undated last, then the higher id (as the
-            # Postgres backend's "sent_at DESC NULLS LAST, archive_id DESC").
-            "sort": [{"_score": "desc"}, {"dated": "desc"}, {"sent_at": "desc"},
-                     {"id": "desc"}],
+            "sort": _SORTS[query.sort],  # ties as in Postgres (_SORTS)
             "track_scores": True,
             "limit": query.limit,
             "offset": query.offset,
             # Paging past the default window errors unless max_matches covers
             # offset+limit (Pagination.md, mail-notes 3.2).
             "max_matches": max(_DEFAULT_MAX_MATCHES, query.offset + query.limit),
-            "_source": ["subject", "sender", "sent_at", "dated"],
+            "_source": ["subject", "sender", "sent_at", "dated", "received_at", "received"],
             "highlight": {
                 "fields": list(_SNIPPET_FIELDS),
                 "pre_tags": HIGHLIGHT_START,
@@ -619,8 +830,7 @@ class ManticoreBackend:
             "options": {"field_weights": FIELD_WEIGHTS},
         }
         try:
-            reply = await self._call("/search", json.dumps(request).encode(),
-                                     "application/json")
+            reply = await self._search_call(table, request)
         except TableMissing:
             return SearchResult(total=0, ignored=ignored)
         total, exact, raw_hits = self._hits(reply, "/search")
@@ -634,6 +844,7 @@ class ManticoreBackend:
             score = raw.get("_score")
             sent = _int(source.get("sent_at"))
             dated = source.get("dated")
+            received_at = _int(source.get("received_at"))
             hits.append(SearchHit(
                 archive_id=archive_id,
                 score=float(score) if isinstance(score, int | float) else 0.0,
@@ -642,6 +853,9 @@ class ManticoreBackend:
                 sent_at=(datetime.fromtimestamp(sent, UTC)
                          if sent is not None and dated in (True, 1) else None),
                 snippet=render_snippet(self._snippet(raw.get("highlight"))),
+                received_at=(datetime.fromtimestamp(received_at, UTC)
+                             if received_at is not None and source.get("received") in (True, 1)
+                             else None),
             ))
         return SearchResult(total=total, hits=tuple(hits), ignored=ignored, exact_total=exact)
 
@@ -736,6 +950,8 @@ class ManticoreBackend:
         if status in (401, 403):
             return IndexRejected(f"{label}: HTTP {status}, authentication or permission "
                                  f"refused; check the configured credentials ({said})")
+        if message and re.search(r"duplicate id", message, re.IGNORECASE):
+            return DuplicateId(f"{label}: HTTP {status}, a document id exists ({said})")
         if message and _MISSING_TABLE.search(message):
             return TableMissing(f"{label}: the tenant's table does not exist; run "
                                 f"ensure_schema for the tenant first ({said})")

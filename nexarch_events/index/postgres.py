@@ -14,16 +14,42 @@ and indexing cost are kept by stemming at most ``stem_chars`` of the body
 and of the attachment text (``max_field_chars`` are stored); longer text
 stays searchable on its first part.
 
-Search (``nexarch_mail_search``, migration 0015): one statement, so one
+Search (``nexarch_mail_search``, migration 0020): one statement, so one
 snapshot; matches come from the GIN index alone, at most ``count_limit`` are
 counted (beyond: ``exact_total`` false) and the first ``rank_limit`` are
 ranked by a small vector (subject, people, the body's first 400
-characters). Snippets mark the query's lexemes in Python (``mark_snippet``).
+characters). Sorted by sent or received date, a text query orders every
+match by that date first (one row read per match), so the newest come first
+even past ``count_limit``. Snippets mark the query's lexemes in Python (``mark_snippet``).
+
+Fenced writes (``base.WriteFence``, guarantee 15). The index lives in the
+queue's database, so a fenced ``upsert`` or ``delete`` is one statement that
+first takes a share lock on each fence's job row, checks that the job is
+still ``processing`` under that lease, and writes only the documents of the
+jobs that pass (search.sql). Why that is enough:
+
+* A job's successors, the same job run again after the sweeper reclaimed it
+  and every later job of the same message (which waits for the older one,
+  guarantee 3), can only start after the lease this write checked has ended:
+  by the ack, which runs after this statement on the writer's own behalf,
+  or by the reclaim, which skips a row this statement holds locked (FOR
+  UPDATE SKIP LOCKED) and, if it got there first, makes the check fail (the
+  lock waits for the reclaim to commit, then reads the row again).
+* So a write either commits while the lease is held, before any successor
+  began, and a later delete removes it; or it finds the lease gone and
+  writes nothing. A zombie's late write cannot resurrect a deleted message.
+
+This is the lease check in the writing transaction, without moving the
+write into the ack's transaction: the ack stays one statement on the
+worker's own connection, and handlers keep their interface (a handler gets
+the lease with its ``ClaimedJob``). A write that committed just before the
+lease was lost is redone by the job's re-run (writes are idempotent).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 
@@ -43,10 +69,12 @@ from .base import (
     SearchHit,
     SearchQuery,
     SearchResult,
+    WriteFence,
     parse_query,
     render_snippet,
 )
 
+log = logging.getLogger(__name__)
 _SQL = sqlfiles.queries("search.sql")
 _CONFIG_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -192,6 +220,24 @@ def mark_snippet(text: str, lexemes: str | None) -> str:
     return ("… " if start else "") + window + (" …" if end < len(text) else "")
 
 
+def _fence_arrays(fences: Sequence[WriteFence] | None, count: int
+                  ) -> tuple[list[int] | None, list[object] | None]:
+    """The fence as the statements take it: job ids and leases, or NULLs."""
+    if fences is None:
+        return None, None
+    if len(fences) != count:
+        raise ValueError(f"{len(fences)} fences for {count} documents: one each")
+    return [f.job_id for f in fences], [f.lease for f in fences]
+
+
+def _log_fenced(what: str, sent: int, written: int,
+                fences: Sequence[WriteFence] | None) -> None:
+    if fences is not None and written < sent:
+        log.info("fenced %s: %d of %d document(s) not written, their job's lease was taken "
+                 "over (jobs %s)", what, sent - written, sent,
+                 sorted({f.job_id for f in fences})[:20])
+
+
 class PostgresIndex:
     name = "postgres"
 
@@ -217,9 +263,11 @@ class PostgresIndex:
         # One shared table, created by the migrations; tenants are rows.
         validate_tenant_slug(tenant_slug)
 
-    async def upsert(self, documents: Sequence[IndexDocument]) -> None:
+    async def upsert(self, documents: Sequence[IndexDocument],
+                     fences: Sequence[WriteFence] | None = None) -> None:
         if not documents:
             return
+        job_ids, leases = _fence_arrays(fences, len(documents))
         cap, stem = self.max_field_chars, self.stem_chars
         docs = list(documents)
         configs = [",".join(detect_configs(self.configs, d.subject, d.body)
@@ -229,7 +277,7 @@ class PostgresIndex:
         recipients = [d.recipients[:50_000] for d in docs]
         names = [" ".join(d.attachment_names)[:10_000] for d in docs]
         try:
-            await self.db.execute(
+            written = await self.db.fetch(
                 _SQL["upsert"],
                 [d.tenant_slug for d in docs], [d.archive_id for d in docs],
                 subjects, senders,
@@ -243,17 +291,22 @@ class PostgresIndex:
                 [_vector_text(f"{s} {r}") for s, r in zip(senders, recipients, strict=True)],
                 [_vector_text(d.body[:cap], stem) for d in docs],
                 [_vector_text(f"{n} {d.attachment_text[:cap]}", stem + 10_000)
-                 for n, d in zip(names, docs, strict=True)])
+                 for n, d in zip(names, docs, strict=True)],
+                job_ids, leases, [d.received_at for d in docs])
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         except DatabaseError as exc:
             # 54000: a vector over Postgres' limit; 22xxx: data the text type refuses.
             raise IndexRejected(f"postgres index refused the batch: {exc}") from exc
+        _log_fenced("upsert", len(docs), len(written), fences)
 
-    async def delete(self, tenant_slug: str, archive_ids: Sequence[int]) -> None:
+    async def delete(self, tenant_slug: str, archive_ids: Sequence[int],
+                     fences: Sequence[WriteFence] | None = None) -> None:
         validate_tenant_slug(tenant_slug)
+        job_ids, leases = _fence_arrays(fences, len(archive_ids))
         try:
-            await self.db.execute(_SQL["delete"], tenant_slug, [int(i) for i in archive_ids])
+            await self.db.fetch(_SQL["delete"], tenant_slug, [int(i) for i in archive_ids],
+                                job_ids, leases)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
 
@@ -273,16 +326,21 @@ class PostgresIndex:
                 rows = await self.db.fetch(
                     _SQL["search_text"], self.configs, query.tenant_slug, text, sender,
                     query.date_from, query.date_to, query.mailbox, query.limit, query.offset,
-                    cap, max(self.rank_limit, query.offset + query.limit))
+                    cap, max(self.rank_limit, query.offset + query.limit),
+                    query.received_from, query.received_to, query.sort)
             else:
+                # The empty query has no relevance: newest sent first, or
+                # newest received first.
+                name = "search_all_received" if query.sort == "received" else "search_all"
                 rows = await self.db.fetch(
-                    _SQL["search_all"], query.tenant_slug, sender, query.date_from,
-                    query.date_to, query.mailbox, query.limit, query.offset, cap)
+                    _SQL[name], query.tenant_slug, sender, query.date_from,
+                    query.date_to, query.mailbox, query.limit, query.offset, cap,
+                    query.received_from, query.received_to)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
-                      sender=r["sender"], sent_at=r["sent_at"],
+                      sender=r["sender"], sent_at=r["sent_at"], received_at=r["received_at"],
                       snippet=render_snippet(mark_snippet(r["body_head"] or "", r["lexemes"])))
             for r in rows if r["archive_id"] is not None)
         counted = int(rows[0]["total"]) if rows else 0

@@ -8,6 +8,12 @@ One bad message fails one job: a message that cannot be parsed fails its job
 permanently with the parser's message; if the backend rejects a batch, the
 batch is split in halves until the rejected documents are isolated, and the
 rest are written.
+
+Every write is fenced by its job (``WriteFence``: the job id and the lease
+the ``ClaimedJob`` carries): a worker whose lease was taken over while it
+parsed or stalled writes nothing that could undo a later job, so a late
+index write cannot bring back a message a delete job removed (guarantee
+15; how each backend keeps it: index/postgres.py, index/manticore.py).
 """
 
 from __future__ import annotations
@@ -22,7 +28,13 @@ import trio
 from ..aio import Database
 from ..db import sqlfiles
 from ..errors import DatabaseUnavailable
-from ..index.base import IndexBackend, IndexDocument, IndexRejected, IndexUnavailable
+from ..index.base import (
+    IndexBackend,
+    IndexDocument,
+    IndexRejected,
+    IndexUnavailable,
+    WriteFence,
+)
 from ..models import ClaimedJob, Failure, JobId
 from ..queue.worker import BatchHandler
 from . import mime
@@ -53,6 +65,11 @@ def archive_id_of(job: ClaimedJob) -> int:
     return value
 
 
+def fence_of(job: ClaimedJob) -> WriteFence:
+    """The fence of a write made for this job (index/base.py)."""
+    return WriteFence(job.id, job.lease)
+
+
 def _parse(stored: StoredMessage, max_text_chars: int
            ) -> tuple[IndexDocument | None, str | None, tuple[str, ...]]:
     """(document, error, notes): runs in a worker thread."""
@@ -63,6 +80,7 @@ def _parse(stored: StoredMessage, max_text_chars: int
     document = mime.to_index_document(parsed, archive_id=stored.archive_id,
                                       tenant_slug=stored.tenant_slug,
                                       mailboxes=stored.mailboxes, size_bytes=stored.size_bytes)
+    document = replace(document, received_at=stored.received_at)
     if document.sent_at is None and stored.received_at is not None:
         # No (usable) Date header: the server's received date is the best we have.
         document = replace(document, sent_at=stored.received_at)
@@ -138,7 +156,8 @@ class Indexer:
                 failures[job.id] = Failure(str(exc), permanent=True)
         for tenant, pairs in by_tenant.items():
             try:
-                await self.backend.delete(tenant, [archive_id for _, archive_id in pairs])
+                await self.backend.delete(tenant, [archive_id for _, archive_id in pairs],
+                                          [fence_of(job) for job, _ in pairs])
             except (IndexUnavailable, IndexRejected) as exc:
                 permanent = isinstance(exc, IndexRejected)
                 for job, _ in pairs:
@@ -154,7 +173,8 @@ class Indexer:
         if not pairs:
             return
         try:
-            await self.backend.upsert([document for _, document in pairs])
+            await self.backend.upsert([document for _, document in pairs],
+                                      [fence_of(job) for job, _ in pairs])
         except IndexUnavailable as exc:
             for job, _ in pairs:
                 failures[job.id] = Failure(str(exc))

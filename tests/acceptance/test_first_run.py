@@ -44,6 +44,8 @@ def busy_port() -> Iterator[int]:
 @pytest.mark.parametrize("args", [
     ("search", "--tenant", "Bad Tenant", "invoice"),
     ("search", "--tenant", "acme", "--since", "last tuesday", "invoice"),
+    ("search", "--tenant", "acme", "--received-until", "soon", "invoice"),
+    ("search", "--tenant", "acme", "--sort", "oldest", "invoice"),
     ("search", "--tenant", "acme", "!! )("),
     ("archive", "--tenant", "acme", "no-such-file.eml"),
     ("reindex", "--tenant", "acme-"),

@@ -40,6 +40,17 @@ def test_archive_reindex_search_verify(database_url: str, tmp_path: Path) -> Non
     assert (result["exact_total"], result["ignored"]) == (True, [])
     assert "<mark>" in result["hits"][0]["snippet"]
 
+    # Archived from files: no server received date, so outside every
+    # received-date range, and listed (last) when sorting by it.
+    received = cli("search", "--tenant", "acme", "--json", "--sort", "received",
+                   "--received-since", "2000-01-01", unique_token(2), url=database_url)
+    assert received.returncode == 0, received.stderr
+    assert json.loads(received.stdout)["total"] == 0
+    by_received = cli("search", "--tenant", "acme", "--json", "--sort", "received", "",
+                      url=database_url)
+    listed = json.loads(by_received.stdout)
+    assert listed["total"] == 5 and {h["received_at"] for h in listed["hits"]} == {None}
+
     other = cli("search", "--tenant", "other", "--json", unique_token(2), url=database_url)
     assert json.loads(other.stdout)["total"] == 0
 

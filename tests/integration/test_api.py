@@ -1154,6 +1154,40 @@ async def test_search_filters_by_date_like_the_cli(env: Env) -> None:
     assert bad.status_code == 400
 
 
+async def test_search_filters_and_sorts_by_received_date(env: Env) -> None:
+    """INTERNALDATE (stored per location by the importer) reaches the index:
+    filter by it and sort by it; the Date header says otherwise on purpose."""
+    states = StateStore(env.db)
+    await states.begin("acme", "dated", 7100, 3, 2)
+    received = ["2025-05-01T08:00:00+00:00", "2025-04-01T08:00:00+00:00"]
+    stored = [await states.import_message(
+        "acme", "dated", 7100, uid, "new", dated(f"narwhal{uid}", sent),
+        internaldate=datetime.fromisoformat(when))
+        for uid, sent, when in ((1, "Tue, 04 Mar 2025 10:00:00 +0000", received[0]),
+                                (2, "Thu, 06 Mar 2025 10:00:00 +0000", received[1]))]
+    await states.finish("acme", "dated", error=None, warning=None)
+    await env.wait_finished([s.job_id for s in stored])
+
+    async def hits(**params: str) -> list[dict[str, Any]]:
+        response = await env.client.get("/search", env.tokens.acme, params=params)
+        assert response.status_code == 200, response.text
+        return list(response.json()["hits"])
+
+    first, second = (s.archive_id for s in stored)
+    assert [h["archive_id"] for h in await hits(sort="received")] == [first, second]
+    assert [h["archive_id"] for h in await hits(sort="sent")] == [second, first]
+    newest = (await hits(sort="received"))[0]
+    assert datetime.fromisoformat(newest["received_at"]) == datetime.fromisoformat(received[0])
+    assert [h["archive_id"] for h in await hits(received_since="2025-04-15")] == [first]
+    assert [h["archive_id"] for h in await hits(received_until="2025-04-15T00:00Z",
+                                                q="narwhal2")] == [second]
+    empty = (await env.client.get("/search", env.tokens.acme, params={
+        "received_since": "2025-05-01", "received_until": "2025-04-01"})).json()
+    assert (empty["total"], empty["hits"]) == (0, []) and "not before" in empty["warning"]
+    bad = await env.client.get("/search", env.tokens.acme, params={"sort": "oldest"})
+    assert bad.status_code == 400 and "sort" in bad.json()["error"]
+
+
 async def test_head_answers_every_get_route_without_a_body(env: Env) -> None:
     for path, token in (("/healthz", None), ("/readyz", None), ("/openapi.yaml", None),
                         ("/", None), ("/static/app.js", None), ("/queue", env.tokens.acme),

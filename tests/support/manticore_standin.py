@@ -10,7 +10,7 @@ manual; each one cites its source beside it. Answers the sources do not
 record are marked "not recorded" and kept conservative.
 
 What it does: ``/sql?mode=raw`` (CREATE TABLE [IF NOT EXISTS], DROP TABLE
-[IF EXISTS], SHOW TABLES, DESC), ``/bulk`` (NDJSON, one aggregated item per
+[IF EXISTS], ALTER TABLE ADD COLUMN, SHOW TABLES, DESC), ``/bulk`` (NDJSON, one aggregated item per
 committed batch, the failing batch rolled back, a table switch or an empty
 line commits), ``/insert``, ``/replace``, ``/update``, ``/delete``, and
 ``/search`` (``bool`` with must/should/must_not/filter, ``query_string``
@@ -793,6 +793,29 @@ class ManticoreStandIn:
                 # mail-notes 6, verbatim shape
                 raise _sql_error(f"DROP TABLE failed: unknown table '{name}'")
             del self.tables[name]
+            return ok
+        m = re.fullmatch(r"ALTER\s+TABLE\s+([A-Za-z_]\w*)\s+ADD\s+COLUMN\s+([A-Za-z_]\w*)"
+                         r"\s+(\w+)", stmt, re.IGNORECASE)
+        if m:
+            # Updating_table_schema.md: ALTER TABLE ... ADD COLUMN on a real-time
+            # table; existing documents read the type's default (0, false, "").
+            # Success is the DDL answer (mail-notes 6); the failure texts are
+            # not recorded, modelled on DROP TABLE's.
+            name, column, kind = m.group(1).lower(), m.group(2).lower(), m.group(3).lower()
+            table = self.tables.get(name)
+            if table is None:
+                raise _sql_error(f"ALTER TABLE failed: unknown table '{name}'")
+            if kind not in _TYPES - {"text"}:
+                raise _syntax_error(kind)
+            if column in table.columns or column == "id":
+                raise _sql_error(f"table '{name}': alter failed: '{column}' attribute "
+                                 "already exists")
+            columns = {**table.columns, column: {"mva": "multi", "mva64": "multi64",
+                                                  "integer": "int"}.get(kind, kind)}
+            altered = Table(name, columns, table.options, tokenizer=table.tokenizer)
+            for doc_id, doc in table.docs.items():
+                altered.put(doc_id, altered.normalize(doc))
+            self.tables[name] = altered
             return ok
         if re.fullmatch(r"SHOW\s+TABLES", stmt, re.IGNORECASE):
             # mail-notes 6: SHOW gives [{"columns":[…],"data":[…],"total":N,…}]
