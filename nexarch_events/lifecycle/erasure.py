@@ -282,3 +282,7 @@ class Eraser:
             if all(s in (JobStatus.SUCCEEDED, JobStatus.FAILED) for s in statuses.values()):
                 return statuses
             await trio.sleep(poll)
+
+    async def queue_statuses(self, jobs: Sequence[JobId]) -> dict[JobId, JobStatus]:
+        """The delete jobs' statuses now."""
+        return await Queue(self.db).statuses(list(jobs))
