@@ -182,3 +182,7 @@ RETURNING id;
 
 -- name: tenant_count
 SELECT count(*) FROM mail_archive WHERE tenant_slug = $1;
+
+-- name: message_tenant
+-- The tenant of archived message $1 (an admin's DELETE /messages/{id}).
+SELECT tenant_slug FROM mail_archive WHERE id = $1::bigint;

@@ -19,6 +19,9 @@ from ..errors import DatabaseError, InvalidJobError, JobNotFound
 from ..importer.mailboxes import MailboxRegistry
 from ..importer.state import StateStore
 from ..index.base import MAX_LIMIT, MAX_OFFSET, MAX_QUERY_LENGTH, InvalidQuery, SearchQuery
+from ..lifecycle import audit
+from ..lifecycle.erasure import Eraser, HeldByLegalHold, MessageNotFound
+from ..lifecycle.holds import Holds
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..models import Job, JobStatus
 from ..queue.jobs import Queue
@@ -32,6 +35,7 @@ if TYPE_CHECKING:
 
 _SQL = sqlfiles.queries("queue.sql")
 _IMPORTER_SQL = sqlfiles.queries("importer.sql")
+_LIFECYCLE_SQL = sqlfiles.queries("lifecycle.sql")
 
 READY_TIMEOUT_S = 2.0
 #: Seconds a client refused a stream (429) is asked to wait.
@@ -72,6 +76,9 @@ def build_router(ctx: ApiContext) -> Router:
         ("POST", "/mailboxes/{id}/sync", api.sync_mailbox, tenant),
         ("GET", "/search", api.search, SEARCH_PARAMS),
         ("GET", "/events", api.events, tenant),
+        ("DELETE", "/messages/{id}", api.erase_message, tenant),
+        ("GET", "/audit", api.audit_log, ("tenant", "limit", "before", "action")),
+        ("GET", "/holds", api.holds, ("tenant", "removed")),
     ]
     for method, path, handler, params in authed:
         router.add(method, path, api.authed(handler), params)
@@ -232,6 +239,61 @@ class _Api:
              "sent_at": hit.sent_at, "snippet": hit.snippet,
              "mailboxes": seen.get(hit.archive_id, [])}
             for hit in result.hits]})
+
+    async def erase_message(self, request: Request, who: Principal) -> Response:
+        """Erase one message (audited as the token's name). A tenant token
+        erases its own mail only; another tenant's message is "not found",
+        exactly like one that does not exist."""
+        tenant = tenant_scope(who, request, required=False)
+        archive_id = request.path_id("id", "message")
+        scope = "" if tenant is None else f" in tenant {tenant!r}"
+        if tenant is None:  # admin: the message's own tenant
+            tenant = await self.ctx.db.fetchval(_LIFECYCLE_SQL["message_tenant"], archive_id)
+            if tenant is None:
+                raise ApiError(404, f"no archived message {archive_id}")
+        eraser = Eraser(self.ctx.db, self.ctx.backend)
+        try:
+            result = await eraser.erase(tenant, [archive_id], actor=who.name)
+        except MessageNotFound:
+            raise ApiError(404, f"no archived message {archive_id}{scope}") from None
+        except HeldByLegalHold as exc:
+            raise ApiError(409, str(exc)) from None
+        if not result.erased:
+            raise ApiError(404, f"no archived message {archive_id}{scope} (erased before)")
+        return json_response({"tenant": tenant, "archive_id": archive_id,
+                              "delete_job": result.delete_jobs[0],
+                              "audit_id": result.audit_id}, 202)
+
+    async def audit_log(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        limit = request.int_param("limit", 100, low=1, high=audit.MAX_LIST)
+        before = request.int_param("before", 0, low=1, high=2**63 - 1) \
+            if request.param("before") is not None else None
+        raw = request.param("action")
+        try:
+            action = None if raw is None else audit.AuditAction(raw)
+        except ValueError:
+            raise ApiError(400, "query parameter 'action' must be one of "
+                                + ", ".join(a.value for a in audit.AuditAction)) from None
+        entries = await audit.entries(self.ctx.db, tenant_slug=tenant, limit=limit,
+                                      before=before, action=action)
+        return json_response({"tenant": tenant, "entries": [
+            {"id": e.id, "at": e.at, "actor": e.actor, "action": e.action.value,
+             "tenant": e.tenant_slug, "target": e.target, "count": e.count}
+            for e in entries]})
+
+    async def holds(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        raw = request.param("removed")
+        if raw not in (None, "true", "false"):
+            raise ApiError(400, "query parameter 'removed' must be true or false")
+        rows = await Holds(self.ctx.db, self.ctx.backend).list(
+            tenant, include_removed=raw == "true")
+        return json_response({"tenant": tenant, "holds": [
+            {"id": h.id, "tenant": h.tenant_slug, "scope": h.scope.value, "mailbox": h.mailbox,
+             "query": h.query, "reason": h.reason, "created_by": h.created_by,
+             "created_at": h.created_at, "removed_by": h.removed_by,
+             "removed_at": h.removed_at, "recorded": h.recorded} for h in rows]})
 
     async def events(self, request: Request, who: Principal) -> Stream:
         tenant = tenant_scope(who, request, required=False)

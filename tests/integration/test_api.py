@@ -326,7 +326,8 @@ async def test_unknown_path_and_wrong_method(env: Env) -> None:
 
 PROTECTED = [("GET", "/metrics"), ("GET", "/queue"), ("GET", "/jobs/1"),
              ("POST", "/jobs/1/retry"), ("GET", "/mailboxes"), ("POST", "/mailboxes/1/sync"),
-             ("GET", "/search"), ("GET", "/events")]
+             ("GET", "/search"), ("GET", "/events"), ("DELETE", "/messages/1"),
+             ("GET", "/audit"), ("GET", "/holds")]
 
 
 async def test_every_protected_endpoint_needs_a_known_token(env: Env) -> None:
