@@ -186,3 +186,70 @@ SELECT count(*) FROM mail_archive WHERE tenant_slug = $1;
 -- name: message_tenant
 -- The tenant of archived message $1 (an admin's DELETE /messages/{id}).
 SELECT tenant_slug FROM mail_archive WHERE id = $1::bigint;
+
+-- name: audit_complete
+-- A retention pass writes its audit row when it starts (its erasures point
+-- at it) and completes it here when it ends: the one update the audit log
+-- ever sees. $1 id, $2 count, $3 target (JSON text).
+UPDATE mail_audit_log SET count = $2::int, target = $3::jsonb
+ WHERE id = $1::bigint AND action = 'retention_pass';
+
+-- name: retention_policies
+SELECT tenant_slug, days, set_by, set_at FROM mail_retention_policies ORDER BY tenant_slug;
+
+-- name: retention_set
+INSERT INTO mail_retention_policies AS p (tenant_slug, days, set_by)
+VALUES ($1, $2::int, $3)
+ON CONFLICT (tenant_slug) DO UPDATE SET days = EXCLUDED.days, set_by = EXCLUDED.set_by,
+                                        set_at = now()
+RETURNING tenant_slug;
+
+-- name: retention_clear
+DELETE FROM mail_retention_policies WHERE tenant_slug = $1 RETURNING tenant_slug;
+
+-- name: retention_lock
+-- One retention pass at a time, whichever process runs it (session lock on
+-- the pass's own connection; released at its end or when that connection
+-- goes).
+SELECT pg_try_advisory_lock(1312902723, 0) AS locked;
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(1312902723, 0) AS unlocked;
+
+-- name: undated
+-- Messages of tenant $1 above id $2 without a received date yet: no
+-- location with an INTERNALDATE and no mail_archive_dates row; their
+-- header section (the first 64 KiB) for the Date field. $3 limit.
+SELECT a.id, substring(a.raw FROM 1 FOR 65536) AS head
+  FROM mail_archive a
+ WHERE a.tenant_slug = $1 AND a.id > $2
+   AND NOT EXISTS (SELECT 1 FROM mail_archive_dates d WHERE d.archive_id = a.id)
+   AND NOT EXISTS (SELECT 1 FROM mail_archive_locations l
+                    WHERE l.archive_id = a.id AND l.internaldate IS NOT NULL)
+ ORDER BY a.id
+ LIMIT $3::int;
+
+-- name: dates_add
+-- $1 tenant, $2 ids, $3 Date headers (NULL: none). Messages erased
+-- meanwhile are left out by the join.
+INSERT INTO mail_archive_dates (archive_id, tenant_slug, sent_at)
+SELECT a.id, a.tenant_slug, d.sent_at
+  FROM unnest($2::bigint[], $3::timestamptz[]) AS d(archive_id, sent_at)
+  JOIN mail_archive a ON a.id = d.archive_id AND a.tenant_slug = $1
+ON CONFLICT (archive_id) DO NOTHING;
+
+-- name: expired
+-- Messages of tenant $1 received before $2 (the earliest INTERNALDATE,
+-- else the Date header, else the archive time), above id $3, at most $4,
+-- in id order. Only messages whose date is known: "undated" runs first.
+SELECT a.id
+  FROM mail_archive a
+  LEFT JOIN mail_archive_dates d ON d.archive_id = a.id
+  LEFT JOIN LATERAL (SELECT min(l.internaldate) AS received
+                       FROM mail_archive_locations l
+                      WHERE l.archive_id = a.id) loc ON true
+ WHERE a.tenant_slug = $1 AND a.id > $3
+   AND (loc.received IS NOT NULL OR d.archive_id IS NOT NULL)
+   AND coalesce(loc.received, d.sent_at, a.archived_at) < $2::timestamptz
+ ORDER BY a.id
+ LIMIT $4::int;

@@ -256,6 +256,80 @@ def cmd_audit_list(args: argparse.Namespace, settings: Settings, url: str) -> in
     return EXIT_OK
 
 
+# -- retention ---------------------------------------------------------------------
+
+
+def check_retention_set(args: argparse.Namespace) -> None:
+    from ..errors import InvalidJobError
+    from ..lifecycle.retention import validate_days
+
+    if args.days is not None:
+        try:
+            validate_days(args.days)
+        except InvalidJobError as exc:
+            raise ConfigurationError(f"retention set: {exc}") from None
+
+
+def cmd_retention_show(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..lifecycle.retention import policies
+
+    async def go(db: Any, backend: Any) -> Any:
+        return await policies(db, settings.retention)
+
+    found = [p for p in with_index(url, settings, go)
+             if args.tenant is None or p.tenant_slug == args.tenant]
+    if args.json:
+        print(json.dumps(jsonable([asdict(p) for p in found]), indent=2))
+        return EXIT_OK
+    if not found:
+        print("no retention: mail is kept for ever"
+              + (f" in tenant {args.tenant}" if args.tenant else ""))
+    for p in found:
+        origin = f"set by {p.set_by} {p.set_at:%Y-%m-%d}" if p.source == "database" \
+            else "from the configuration"
+        print(f"{p.tenant_slug}\t{p.days} days\t{origin}")
+    print(f"a pass runs every {settings.retention.interval:g} s in `run`", file=sys.stderr)
+    return EXIT_OK
+
+
+def cmd_retention_set(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from ..lifecycle.retention import set_policy
+
+    async def go(db: Any, backend: Any) -> Any:
+        await set_policy(db, args.tenant, args.days, actor=actor())
+
+    with_index(url, settings, go)
+    if args.days is None:
+        configured = dict(settings.retention.days).get(args.tenant)
+        print(f"{args.tenant}: retention set here cleared; "
+              + (f"the configuration's {configured} days apply" if configured
+                 else "mail is kept for ever"))
+    else:
+        print(f"{args.tenant}: mail is kept {args.days} days after it was received")
+    return EXIT_OK
+
+
+def cmd_retention_run(args: argparse.Namespace, settings: Settings, url: str) -> int:
+    from datetime import UTC, datetime
+
+    from ..lifecycle.retention import Retention
+
+    async def go(db: Any, backend: Any) -> Any:
+        return await Retention(db, backend, settings.retention, actor=actor()).run_pass(
+            datetime.now(UTC))
+
+    results = with_index(url, settings, go)
+    if results is None:
+        print("a retention pass is running in another process; nothing done", file=sys.stderr)
+        return EXIT_FAILED
+    for r in results:
+        print(f"{r.tenant_slug}: {len(r.erased)} message(s) erased (received before "
+              f"{r.cutoff:%Y-%m-%d %H:%M}), {len(r.skipped_held)} held (audit #{r.audit_id})")
+    if not results:
+        print("no tenant has a retention policy")
+    return EXIT_OK
+
+
 def register(sub: Subparsers) -> None:
     erase = sub.add_parser(
         "erase", help="erase messages from the archive and the index (audited)",
@@ -301,6 +375,22 @@ def register(sub: Subparsers) -> None:
     remove.add_argument("id", type=int)
     remove.add_argument("--tenant", help="only if the hold is of this tenant")
     remove.set_defaults(fn=cmd_hold_remove)
+
+    retention = sub.add_parser("retention", help="how long each tenant's mail is kept")
+    rsub = retention.add_subparsers(dest="retention_command", required=True)
+    show = rsub.add_parser("show", help="each tenant's retention and where it is set")
+    show.add_argument("--tenant")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(fn=cmd_retention_show)
+    rset = rsub.add_parser("set", help="keep a tenant's mail N days (audited)")
+    rset.add_argument("--tenant", required=True)
+    days = rset.add_mutually_exclusive_group(required=True)
+    days.add_argument("--days", type=int, help="days after the mail was received")
+    days.add_argument("--clear", action="store_true",
+                      help="back to the configuration's days (or none)")
+    rset.set_defaults(fn=cmd_retention_set, check=check_retention_set)
+    rrun = rsub.add_parser("run", help="run a retention pass now (as `run` does daily)")
+    rrun.set_defaults(fn=cmd_retention_run)
 
     audit = sub.add_parser("audit", help="the audit log of erasures, holds and retention")
     asub = audit.add_subparsers(dest="audit_command", required=True)

@@ -27,6 +27,7 @@ the mailboxes the erased mail was seen in.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -50,6 +51,7 @@ _SQL = sqlfiles.queries("lifecycle.sql")
 DEFAULT_BATCH = 500
 #: Ids one call takes.
 MAX_IDS = 100_000
+_DIGITS = re.compile(r"[0-9]{1,20}")
 
 
 class MessageNotFound(NexarchError, LookupError):
@@ -111,10 +113,10 @@ def validate_ids(ids: Iterable[object]) -> list[int]:
     for raw in ids:
         if isinstance(raw, bool) or not isinstance(raw, int | str):
             raise InvalidJobError(f"archive id {raw!r} is not a number")
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InvalidJobError(f"archive id {str(raw)[:40]!r} is not a number") from None
+        # ASCII digits only: int() would also take other scripts' digits.
+        if isinstance(raw, str) and not _DIGITS.fullmatch(raw):
+            raise InvalidJobError(f"archive id {raw[:40]!r} is not a number")
+        value = int(raw)
         if not 1 <= value <= MAX_DOCUMENT_ID:
             raise InvalidJobError(f"archive id {value} outside 1..2^63-1")
         out.add(value)
@@ -152,7 +154,7 @@ class Eraser:
             # Where the mail was seen: read before its locations go with it.
             seen = [r["mailbox"] for r in await conn.fetch(
                 _SQL["mailboxes_of"], tenant_slug, wanted)] if unregister_mailboxes else []
-            result = await self._erase_in(conn, tenant_slug, wanted, actor=actor, action=action,
+            result = await self.erase_in(conn, tenant_slug, wanted, actor=actor, action=action,
                                           target=target, query_held=query_held,
                                           skip_held=False, strict=True)
             if seen and result.erased:
@@ -174,7 +176,7 @@ class Eraser:
                                        action=AuditAction.ERASE_QUERY, query=query,
                                        unregister_mailboxes=unregister_mailboxes)
 
-    async def _erase_in(self, conn: Connection, tenant_slug: str, ids: list[int], *,
+    async def erase_in(self, conn: Connection, tenant_slug: str, ids: list[int], *,
                         actor: str, action: AuditAction, target: Mapping[str, JSONValue],
                         query_held: Mapping[int, set[int]], skip_held: bool, strict: bool,
                         audit_id: int | None = None) -> ErasureResult:
@@ -257,7 +259,7 @@ class Eraser:
             if not ids:
                 break
             async with self.db.acquire() as conn, conn.transaction():
-                result = await self._erase_in(conn, tenant_slug, ids, actor=actor,
+                result = await self.erase_in(conn, tenant_slug, ids, actor=actor,
                                               action=AuditAction.ERASE_TENANT, target={},
                                               query_held={}, skip_held=False, strict=False,
                                               audit_id=audit_id)

@@ -45,8 +45,8 @@ CREATE INDEX mail_legal_hold_items_message ON mail_legal_hold_items (tenant_slug
 
 -- Who did what to which mail, and when: every erasure, retention pass,
 -- hold change and retention setting. Never message content: ids, the
--- operator's query, counts. Append-only by convention (nothing in the
--- product updates or deletes it).
+-- operator's query, counts. Append-only: nothing in the product deletes a
+-- row, and only a retention pass completes its own row when it ends.
 CREATE TABLE mail_audit_log (
     id           bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at           timestamptz NOT NULL DEFAULT now(),

@@ -97,3 +97,25 @@ def test_bad_lifecycle_arguments_are_usage_errors(database_url: str) -> None:
                  ["audit", "list", "--action", "drop"]):
         done = cli(database_url, *args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
+
+
+def test_retention_from_the_command_line(database_url: str, tmp_path: Path) -> None:
+    path = tmp_path / "old.eml"
+    path.write_bytes(b"Subject: old\r\nDate: Mon, 01 Jan 2001 00:00:00 +0000\r\n\r\nold\r\n")
+    assert cli(database_url, "archive", "--tenant", "acme", str(path)).returncode == 0
+    keep = store(database_url, tmp_path, "beta", 1)
+    assert cli(database_url, "retention", "set", "--tenant", "acme", "--days", "30"
+               ).returncode == 0
+    shown = json.loads(cli(database_url, "retention", "show", "--json").stdout)
+    assert [(p["tenant_slug"], p["days"], p["source"]) for p in shown] == [
+        ("acme", 30, "database")]
+    done = cli(database_url, "retention", "run")
+    assert done.returncode == 0, done.stderr
+    assert "acme: 1 message(s) erased" in done.stdout
+    assert archived(database_url, "acme") == []
+    assert archived(database_url, "beta") == [keep]
+    log = json.loads(cli(database_url, "audit", "list", "--tenant", "acme", "--json").stdout)
+    assert [(e["action"], e["count"]) for e in log] == [("retention_pass", 1),
+                                                        ("retention_set", 0)]
+    assert cli(database_url, "retention", "set", "--tenant", "acme", "--clear").returncode == 0
+    assert json.loads(cli(database_url, "retention", "show", "--json").stdout) == []
