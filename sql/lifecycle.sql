@@ -253,3 +253,6 @@ SELECT a.id
    AND coalesce(loc.received, d.sent_at, a.archived_at) < $2::timestamptz
  ORDER BY a.id
  LIMIT $4::int;
+
+-- name: erased_tenants
+SELECT DISTINCT tenant_slug FROM mail_erasures ORDER BY tenant_slug;

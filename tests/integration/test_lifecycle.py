@@ -245,3 +245,40 @@ async def _document(db: Database, backend: IndexBackend, archive_id: int):  # ty
     parsed = mime.parse_message(stored.raw)
     return mime.to_index_document(parsed, archive_id=archive_id, tenant_slug="acme",
                                   mailboxes=(), size_bytes=stored.size_bytes)
+
+
+@pytest.mark.parametrize("backend_name", ["postgres", "manticore"])
+async def test_verify_reports_erased_mail_still_indexed_and_repair_fixes_both_ways(
+        db: Database, fast_settings: QueueSettings, backend_name: str) -> None:
+    from nexarch_events.reindex import repair, verify
+
+    async with open_backend(backend_name, db) as backend:
+        archive = Archive(db)
+        env = Env(db, backend, Queue(db, fast_settings))
+        ids = [(await archive.store("acme", mail(n, "verify"))).archive_id for n in (1, 2, 3)]
+        await _run_workers(env, Settings(queue=fast_settings))
+        # Erased while no worker runs, and its delete job then failed for
+        # good: the archive forgot it, the index did not.
+        result = await Eraser(db, backend).erase("acme", [ids[0]], actor="ops")
+        await db.execute("UPDATE mail_index_jobs SET status = 'failed', finished_at = now() "
+                         "WHERE id = $1", result.delete_jobs[0])
+        # And one live message lost its document.
+        await backend.delete("acme", [ids[1]])
+        report = await verify(db, backend, "acme")
+        assert (report.missing, report.extra, report.erased) == ((ids[1],), (ids[0],), (ids[0],))
+        assert not report.consistent
+        assert await env.found("acme", "secretword1") == {ids[0]}
+        assert len(await repair(db, report)) == 2
+        await _run_workers(env, Settings(queue=fast_settings))
+        after = await verify(db, backend, "acme")
+        assert after.consistent and after.erased == ()
+        assert await env.found("acme", "verify") == {ids[1], ids[2]}
+
+
+async def _run_workers(env: Env, settings: Settings) -> None:
+    """Workers until the queue has nothing left to do."""
+    service = QueueService(env.db, settings, Indexer(env.db, env.backend).handlers())
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await env.settle()
+        nursery.cancel_scope.cancel()
