@@ -282,3 +282,33 @@ async def _run_workers(env: Env, settings: Settings) -> None:
         await nursery.start(service.run)
         await env.settle()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_hold_waits_for_an_erasure_in_flight(db: Database) -> None:
+    """An erasure's transaction holds the tenant's lifecycle lock shared:
+    a hold added meanwhile commits only after it, so the erasure's hold
+    check can never have missed a hold that was already in force."""
+    from nexarch_events.index.postgres import PostgresIndex
+
+    holds = Holds(db, PostgresIndex(db))
+    done = trio.Event()
+
+    async def add() -> None:
+        await holds.add("acme", "tenant", reason="late", actor="dana")
+        done.set()
+
+    async with db.acquire() as conn, trio.open_nursery() as nursery:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock_shared(1312902722, hashtext('acme'))")
+            nursery.start_soon(add)
+            with trio.fail_after(30):  # until the hold is seen waiting for the lock
+                while not await db.fetchval(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND NOT granted AND database = (SELECT oid FROM pg_database "
+                        "WHERE datname = current_database())"):
+                    await trio.sleep(0.02)
+            assert not done.is_set()
+            assert await holds.list("acme") == []
+        with trio.fail_after(30):
+            await done.wait()
+    assert [h.reason for h in await holds.list("acme")] == ["late"]
