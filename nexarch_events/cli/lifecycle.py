@@ -80,6 +80,7 @@ def cmd_erase(args: argparse.Namespace, settings: Settings, url: str) -> int:
             jobs = result.delete_jobs
             out: dict[str, Any] = {"tenant": args.tenant, "erased": result.erased,
                                    "unregistered_mailboxes": list(result.unregistered),
+                                   "still_running": list(result.still_running),
                                    "delete_jobs": len(jobs), "audit_id": result.audit_id}
         elif args.query is not None:
             found, erased = await eraser.erase_query(
@@ -126,6 +127,10 @@ def cmd_erase(args: argparse.Namespace, settings: Settings, url: str) -> int:
         print(f"tenant {args.tenant}: {out['erased']} message(s) erased, "
               f"{len(out['unregistered_mailboxes'])} mailbox(es) unregistered, index dropped, "
               f"{out['delete_jobs']} delete job(s) (audit #{out['audit_id']})")
+        if out["still_running"]:
+            print(f"import runs of {', '.join(out['still_running'])} were still running: mail "
+                  "they archive now survives; run the same erase again", file=sys.stderr)
+            code = EXIT_FAILED
     elif "erased" in out and not out.get("audit_id") and not out["erased"]:
         print(f"nothing matches in tenant {args.tenant}: nothing erased")
     else:

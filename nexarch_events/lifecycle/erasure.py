@@ -12,8 +12,8 @@ the same) are refused whole too (``MessageNotFound``); ids erased before
 are reported as such and not counted again.
 
 A whole tenant: holds refuse it; its import is unregistered first
-(accounts, mailboxes, sync state, failures: no run starts again and a run
-in flight fails at its next message), then the archive goes in batches,
+(accounts, mailboxes, sync state, failures: no run starts again) and runs
+in flight are waited for (their run locks), then the archive goes in batches,
 each a transaction as above, and last the backend drops the tenant's
 table/documents (``IndexBackend.drop_tenant``). The delete jobs still run:
 they are what orders the removal behind index jobs already claimed.
@@ -46,6 +46,7 @@ from .matching import find_ids
 
 log = logging.getLogger(__name__)
 _SQL = sqlfiles.queries("lifecycle.sql")
+_IMPORTER_SQL = sqlfiles.queries("importer.sql")
 
 #: Messages per erasure transaction (a tenant, a query, a retention pass).
 DEFAULT_BATCH = 500
@@ -105,6 +106,9 @@ class TenantErasure:
     delete_jobs: tuple[JobId, ...]
     unregistered: tuple[str, ...]
     audit_id: int
+    #: Mailboxes whose import run was still running after ``run_wait``
+    #: seconds: mail it archives later survives; erase the tenant again.
+    still_running: tuple[str, ...] = ()
 
 
 def validate_ids(ids: Iterable[object]) -> list[int]:
@@ -228,12 +232,15 @@ class Eraser:
 
     # -- a whole tenant --------------------------------------------------------
 
-    async def erase_tenant(self, tenant_slug: str, *, actor: str,
-                           batch: int = DEFAULT_BATCH) -> TenantErasure:
+    async def erase_tenant(self, tenant_slug: str, *, actor: str, batch: int = DEFAULT_BATCH,
+                           run_wait: float = 60.0) -> TenantErasure:
         """Erase a whole tenant: import stopped and unregistered, archive,
         pending index work, index table. Refused (HeldByLegalHold) while any
         hold of the tenant is active. Each batch is one transaction; an
-        interrupted erasure is finished by running it again."""
+        interrupted erasure is finished by running it again. After the
+        import is unregistered, waits up to ``run_wait`` seconds for import
+        runs in flight (their run locks; a service drops a removed mailbox's
+        runner within NEXARCH_IMPORT_RELOAD_INTERVAL)."""
         validate_tenant_slug(tenant_slug)
         audit.validate_actor(actor)
         async with self.db.acquire() as conn, conn.transaction():
@@ -252,6 +259,7 @@ class Eraser:
                 conn, actor=actor, action=AuditAction.ERASE_TENANT, tenant_slug=tenant_slug,
                 target={"all": True, "unregistered_mailboxes": list(unregistered)},
                 count=count)
+        still_running = await self._wait_for_runs(tenant_slug, unregistered, run_wait)
         erased = 0
         jobs: list[JobId] = []
         while True:
@@ -268,7 +276,28 @@ class Eraser:
             await trio.lowlevel.checkpoint()
         await self.db.execute(_SQL["drop_tenant_pending_jobs"], tenant_slug)
         await self.backend.drop_tenant(tenant_slug)
-        return TenantErasure(tenant_slug, erased, tuple(jobs), unregistered, audit_id)
+        return TenantErasure(tenant_slug, erased, tuple(jobs), unregistered, audit_id,
+                             still_running)
+
+    async def _wait_for_runs(self, tenant_slug: str, mailboxes: Sequence[str],
+                             wait: float) -> tuple[str, ...]:
+        """The mailboxes whose run lock is still held after ``wait`` seconds
+        (a run in flight), polled: taking a run lock is the importer's own
+        test (sql/importer.sql), and it is released at once."""
+        running = list(mailboxes)
+        with trio.move_on_after(wait):
+            while running:
+                async with self.db.acquire() as conn:
+                    for name in list(running):
+                        if await conn.fetchval(_IMPORTER_SQL["try_run_lock"], tenant_slug, name):
+                            await conn.fetchval(_IMPORTER_SQL["run_unlock"], tenant_slug, name)
+                            running.remove(name)
+                if running:
+                    await trio.sleep(0.5)
+        if running:
+            log.warning("erase tenant=%s: import run(s) of %s still running after %.0f s",
+                        tenant_slug, ", ".join(running), wait)
+        return tuple(running)
 
     # -- the proof ---------------------------------------------------------------
 

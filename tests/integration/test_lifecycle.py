@@ -312,3 +312,45 @@ async def test_a_hold_waits_for_an_erasure_in_flight(db: Database) -> None:
         with trio.fail_after(30):
             await done.wait()
     assert [h.reason for h in await holds.list("acme")] == ["late"]
+
+
+async def test_erasing_a_tenant_waits_for_its_import_run_in_flight(db: Database) -> None:
+    """A run holds its mailbox's run lock: the erasure unregisters the
+    mailbox, waits for the run to end, then erases (or says it is still
+    running)."""
+    from nexarch_events.index.postgres import PostgresIndex
+
+    for name in ("box", "box2"):
+        await db.execute(
+            "INSERT INTO mail_import_mailboxes (tenant_slug, name, host, port, tls_mode, "
+            "username, password_ref) VALUES ('acme', $1, 'imap.example.org', 993, 'implicit', "
+            "'u', 'env:PW')", name)
+    await Archive(db).store("acme", mail(1, "x"))
+    eraser = Eraser(db, PostgresIndex(db))
+    outcome: list[tuple[str, ...]] = []
+
+    async def erase() -> None:
+        outcome.append((await eraser.erase_tenant("acme", actor="ops")).still_running)
+
+    async with db.acquire() as run, trio.open_nursery() as nursery:
+        assert await run.fetchval("SELECT pg_try_advisory_lock(1312902721, hashtext('acme/box'))")
+        nursery.start_soon(erase)
+        with trio.fail_after(30):  # unregistered first...
+            while await db.fetchval("SELECT count(*) FROM mail_import_mailboxes"):
+                await trio.sleep(0.02)
+        # ...and nothing erased while the run goes on.
+        assert await Archive(db).ids("acme") != [] and outcome == []
+        await run.fetchval("SELECT pg_advisory_unlock(1312902721, hashtext('acme/box'))")
+    assert outcome == [()]
+    assert await Archive(db).ids("acme") == []
+
+    # A run that does not end in time is reported.
+    await db.execute(
+        "INSERT INTO mail_import_mailboxes (tenant_slug, name, host, port, tls_mode, "
+        "username, password_ref) VALUES ('acme', 'box', 'imap.example.org', 993, 'implicit', "
+        "'u', 'env:PW')")
+    async with db.acquire() as run:
+        assert await run.fetchval("SELECT pg_try_advisory_lock(1312902721, hashtext('acme/box'))")
+        result = await eraser.erase_tenant("acme", actor="ops", run_wait=0.3)
+        assert result.still_running == ("box",)
+        await run.fetchval("SELECT pg_advisory_unlock(1312902721, hashtext('acme/box'))")
