@@ -99,6 +99,7 @@ async def test_erase_one_message(env: Env) -> None:
 async def test_erase_by_query_lists_then_erases(env: Env) -> None:
     keep = await env.store("acme", 1, "holiday")
     gone = {await env.store("acme", n, "lawsuit") for n in (2, 3, 4)}
+    theirs = await env.store("beta", 5, "lawsuit")
     await env.settle()
     listed, none = await env.eraser.erase_query("acme", "lawsuit", actor="bob", dry_run=True)
     assert set(listed) == gone and none is None
@@ -108,6 +109,7 @@ async def test_erase_by_query_lists_then_erases(env: Env) -> None:
     assert await env.proof(result.delete_jobs) == {JobStatus.SUCCEEDED}
     assert await env.found("acme", "lawsuit") == set()
     assert await env.found("acme", "holiday") == {keep}
+    assert await env.found("beta", "lawsuit") == {theirs}  # the query is the tenant's
     entry = (await audit.entries(env.db, tenant_slug="acme"))[0]
     assert entry.action == audit.AuditAction.ERASE_QUERY and entry.count == 3
     assert entry.target["query"] == "lawsuit"
