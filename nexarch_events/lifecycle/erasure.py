@@ -144,9 +144,10 @@ class Eraser:
 
     async def erase(self, tenant_slug: str, ids: Iterable[object], *, actor: str,
                     action: AuditAction = AuditAction.ERASE, query: str | None = None,
-                    unregister_mailboxes: bool = False) -> ErasureResult:
+                    unregister_mailboxes: bool = False, strict: bool = True) -> ErasureResult:
         """Erase messages by archive id: all of them, or none (unknown or
-        held ids refuse the whole call). One transaction. Raises
+        held ids refuse the whole call; with ``strict`` False unknown ids
+        are passed over). One transaction. Raises
         MessageNotFound, HeldByLegalHold, InvalidJobError, TooManyMatches
         (a query hold too broad to evaluate)."""
         validate_tenant_slug(tenant_slug)
@@ -159,8 +160,8 @@ class Eraser:
             seen = [r["mailbox"] for r in await conn.fetch(
                 _SQL["mailboxes_of"], tenant_slug, wanted)] if unregister_mailboxes else []
             result = await self.erase_in(conn, tenant_slug, wanted, actor=actor, action=action,
-                                          target=target, query_held=query_held,
-                                          skip_held=False, strict=True)
+                                         target=target, query_held=query_held,
+                                         skip_held=False, strict=strict)
             if seen and result.erased:
                 names = tuple(r["name"] for r in await conn.fetch(
                     _SQL["unregister_mailboxes"], tenant_slug, seen))
@@ -172,18 +173,19 @@ class Eraser:
                           ) -> tuple[list[int], ErasureResult | None]:
         """The ids the query finds (through the index) and, unless
         ``dry_run``, their erasure (as ``erase``; an empty match erases
-        nothing and writes no audit row)."""
+        nothing and writes no audit row). A document of a message the
+        archive no longer has is passed over (verify-index reports it)."""
         found = sorted(await find_ids(self.backend, tenant_slug, query))
         if dry_run or not found:
             return found, None
         return found, await self.erase(tenant_slug, found, actor=actor,
                                        action=AuditAction.ERASE_QUERY, query=query,
-                                       unregister_mailboxes=unregister_mailboxes)
+                                       unregister_mailboxes=unregister_mailboxes, strict=False)
 
     async def erase_in(self, conn: Connection, tenant_slug: str, ids: list[int], *,
-                        actor: str, action: AuditAction, target: Mapping[str, JSONValue],
-                        query_held: Mapping[int, set[int]], skip_held: bool, strict: bool,
-                        audit_id: int | None = None) -> ErasureResult:
+                       actor: str, action: AuditAction, target: Mapping[str, JSONValue],
+                       query_held: Mapping[int, set[int]], skip_held: bool, strict: bool,
+                       audit_id: int | None = None) -> ErasureResult:
         """The erasure transaction's statements, on ``conn`` inside its
         transaction. With ``audit_id``, the erasures belong to that audit
         row and none is written."""
@@ -268,9 +270,9 @@ class Eraser:
                 break
             async with self.db.acquire() as conn, conn.transaction():
                 result = await self.erase_in(conn, tenant_slug, ids, actor=actor,
-                                              action=AuditAction.ERASE_TENANT, target={},
-                                              query_held={}, skip_held=False, strict=False,
-                                              audit_id=audit_id)
+                                             action=AuditAction.ERASE_TENANT, target={},
+                                             query_held={}, skip_held=False, strict=False,
+                                             audit_id=audit_id)
             erased += len(result.erased)
             jobs.extend(result.delete_jobs)
             await trio.lowlevel.checkpoint()
