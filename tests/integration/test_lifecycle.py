@@ -356,3 +356,28 @@ async def test_erasing_a_tenant_waits_for_its_import_run_in_flight(db: Database)
         result = await eraser.erase_tenant("acme", actor="ops", run_wait=0.3)
         assert result.still_running == ("box",)
         await run.fetchval("SELECT pg_advisory_unlock(1312902721, hashtext('acme/box'))")
+
+
+async def test_an_erasure_can_unregister_the_mailboxes_its_mail_came_from(db: Database) -> None:
+    """Re-import brings erased mail back only from a registered mailbox:
+    --unregister-mailboxes removes the ones the erased mail was seen in."""
+    from nexarch_events.index.postgres import PostgresIndex
+
+    for name in ("box", "other"):
+        await db.execute(
+            "INSERT INTO mail_import_mailboxes (tenant_slug, name, host, port, tls_mode, "
+            "username, password_ref) VALUES ('acme', $1, 'imap.example.org', 993, 'implicit', "
+            "'u', 'env:PW')", name)
+        await db.execute("INSERT INTO mail_import_state (tenant_slug, mailbox_name) "
+                         "VALUES ('acme', $1)", name)
+    archive = Archive(db)
+    gone = (await archive.store("acme", mail(1, "x"), Location("box", 1, 1))).archive_id
+    kept = (await archive.store("acme", mail(2, "x"), Location("other", 1, 1))).archive_id
+    result = await Eraser(db, PostgresIndex(db)).erase("acme", [gone], actor="ops",
+                                                       unregister_mailboxes=True)
+    assert result.erased == (gone,) and result.unregistered == ("box",)
+    rows = await db.fetch("SELECT name FROM mail_import_mailboxes ORDER BY name")
+    assert [r["name"] for r in rows] == ["other"]
+    states = await db.fetch("SELECT mailbox_name FROM mail_import_state ORDER BY 1")
+    assert [r["mailbox_name"] for r in states] == ["other"]
+    assert await archive.ids("acme") == [kept]
