@@ -21,7 +21,9 @@ from ..importer.state import StateStore
 from ..index.base import MAX_LIMIT, MAX_OFFSET, MAX_QUERY_LENGTH, InvalidQuery, SearchQuery
 from ..lifecycle import audit
 from ..lifecycle.erasure import Eraser, HeldByLegalHold, MessageNotFound
-from ..lifecycle.holds import Holds
+from ..lifecycle.holds import MAX_MAILBOX, MAX_REASON, Hold, HoldNotFound, Holds
+from ..lifecycle.matching import TooManyMatches
+from ..lifecycle.retention import MAX_DAYS, RetentionPolicy, policies, set_policy
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..models import Job, JobStatus
 from ..queue.jobs import Queue
@@ -79,9 +81,18 @@ def build_router(ctx: ApiContext) -> Router:
         ("DELETE", "/messages/{id}", api.erase_message, tenant),
         ("GET", "/audit", api.audit_log, ("tenant", "limit", "before", "action")),
         ("GET", "/holds", api.holds, ("tenant", "removed")),
+        ("DELETE", "/holds/{id}", api.remove_hold, tenant),
+        ("GET", "/retention", api.retention, tenant),
     ]
     for method, path, handler, params in authed:
         router.add(method, path, api.authed(handler), params)
+    # The routes that take a JSON body, and its fields (openapi.yaml).
+    with_body: list[tuple[str, str, AuthedHandler, tuple[str, ...]]] = [
+        ("POST", "/holds", api.add_hold, ("tenant", "scope", "mailbox", "query", "reason")),
+        ("PUT", "/retention", api.set_retention, ("tenant", "days")),
+    ]
+    for method, path, handler, fields in with_body:
+        router.add(method, path, api.authed(handler), (), body=fields)
     return router
 
 
@@ -289,11 +300,64 @@ class _Api:
             raise ApiError(400, "query parameter 'removed' must be true or false")
         rows = await Holds(self.ctx.db, self.ctx.backend).list(
             tenant, include_removed=raw == "true")
-        return json_response({"tenant": tenant, "holds": [
-            {"id": h.id, "tenant": h.tenant_slug, "scope": h.scope.value, "mailbox": h.mailbox,
-             "query": h.query, "reason": h.reason, "created_by": h.created_by,
-             "created_at": h.created_at, "removed_by": h.removed_by,
-             "removed_at": h.removed_at, "recorded": h.recorded} for h in rows]})
+        return json_response({"tenant": tenant, "holds": [_hold_json(h) for h in rows]})
+
+    # Holds and retention are changed by admin tokens only: a hold is a
+    # legal instrument of the operator, not of a tenant's own client (and a
+    # tenant able to remove its holds or shorten its retention could
+    # destroy what the hold protects). Tenant tokens get 403 before the
+    # body is read; they read their own holds (GET /holds) and the audit.
+
+    async def add_hold(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        body = await request.json_body()
+        tenant = body.text("tenant", max_length=63)
+        scope = body.text("scope", max_length=20)
+        assert tenant is not None and scope is not None
+        try:
+            hold = await Holds(self.ctx.db, self.ctx.backend).add(
+                tenant, scope, reason=body.text("reason", max_length=MAX_REASON) or "",
+                actor=who.name, mailbox=body.text("mailbox", required=False,
+                                                  max_length=MAX_MAILBOX),
+                query=body.text("query", required=False, max_length=MAX_QUERY_LENGTH))
+        except (InvalidJobError, InvalidQuery, TooManyMatches) as exc:
+            raise ApiError(400, f"bad hold: {exc}") from None
+        return json_response(_hold_json(hold), 201)
+
+    async def remove_hold(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        tenant = tenant_scope(who, request, required=False)
+        hold_id = request.path_id("id", "hold")
+        try:
+            hold = await Holds(self.ctx.db, self.ctx.backend).remove(
+                hold_id, actor=who.name, tenant_slug=tenant)
+        except HoldNotFound as exc:
+            raise ApiError(404, str(exc)) from None
+        return json_response(_hold_json(hold))
+
+    async def retention(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        tenant = tenant_scope(who, request, required=False)
+        found = [p for p in await policies(self.ctx.db, self.ctx.settings.retention)
+                 if tenant is None or p.tenant_slug == tenant]
+        return json_response({"tenant": tenant,
+                              "interval_s": self.ctx.settings.retention.interval,
+                              "policies": [_policy_json(p) for p in found]})
+
+    async def set_retention(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        body = await request.json_body()
+        tenant = body.text("tenant", max_length=63)
+        days = body.whole_number("days", low=1, high=MAX_DAYS, nullable=True)
+        assert tenant is not None
+        try:
+            await set_policy(self.ctx.db, tenant, days, actor=who.name)
+        except InvalidJobError as exc:
+            raise ApiError(400, f"bad retention: {exc}") from None
+        policy = next((p for p in await policies(self.ctx.db, self.ctx.settings.retention)
+                       if p.tenant_slug == tenant), None)
+        return json_response({"tenant": tenant,
+                              "policy": None if policy is None else _policy_json(policy)})
 
     async def events(self, request: Request, who: Principal) -> Stream:
         tenant = tenant_scope(who, request, required=False)
@@ -366,6 +430,18 @@ def _mailbox_json(row: dict[str, object]) -> dict[str, object]:
     out["since_success_s"] = round((datetime.now(UTC) - success).total_seconds(), 3) \
         if isinstance(success, datetime) else None
     return out
+
+
+def _hold_json(h: Hold) -> dict[str, object]:
+    return {"id": h.id, "tenant": h.tenant_slug, "scope": h.scope.value, "mailbox": h.mailbox,
+            "query": h.query, "reason": h.reason, "created_by": h.created_by,
+            "created_at": h.created_at, "removed_by": h.removed_by,
+            "removed_at": h.removed_at, "recorded": h.recorded}
+
+
+def _policy_json(p: RetentionPolicy) -> dict[str, object]:
+    return {"tenant": p.tenant_slug, "days": p.days, "source": p.source,
+            "set_by": p.set_by, "set_at": p.set_at}
 
 
 def _job_json(job: Job) -> dict[str, object]:
