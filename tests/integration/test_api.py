@@ -47,7 +47,13 @@ from nexarch_events.models import JobStatus
 from nexarch_events.queue.jobs import Queue
 from nexarch_events.queue.notify import JOB_EVENTS_CHANNEL, MAIL_IMPORTED_CHANNEL, Listener
 from nexarch_events.service import QueueService
-from nexarch_events.settings import ApiSettings, ApiToken, QueueSettings, Settings
+from nexarch_events.settings import (
+    ApiSettings,
+    ApiToken,
+    QueueSettings,
+    RetentionSettings,
+    Settings,
+)
 
 SPEC_URI = "urn:nexarch-events:openapi"
 KEEPALIVE_S = 0.5
@@ -220,9 +226,11 @@ async def env(db: Database, database_url: str,
 
 @asynccontextmanager
 async def open_env(db: Database, database_url: str, fast_settings: QueueSettings,
+                   retention: RetentionSettings | None = None,
                    **api_changes: Any) -> AsyncIterator[Env]:
     tokens = Tokens()
-    settings = Settings(queue=fast_settings, api=api_settings(tokens.settings(), **api_changes))
+    settings = Settings(queue=fast_settings, api=api_settings(tokens.settings(), **api_changes),
+                        retention=retention or RetentionSettings())
     backend = PostgresIndex(db)
     metrics = Metrics()
     listener = Listener(database_url, fast_settings,
