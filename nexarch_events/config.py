@@ -23,7 +23,14 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
-from .settings import ApiSettings, ApiToken, ImportSettings, QueueSettings, Settings, exposed_secret
+from .settings import (
+    ApiSettings,
+    ApiToken,
+    ImportSettings,
+    QueueSettings,
+    Settings,
+    exposed_secret,
+)
 
 log = logging.getLogger("nexarch_events.config")
 
@@ -43,6 +50,7 @@ _SECTIONS: dict[str, tuple[str, tuple[str, ...]]] = {
     "import": ("NEXARCH_IMPORT_", tuple(f.name for f in fields(ImportSettings))),
     "api": ("NEXARCH_API_", ("enabled", "host", "port", "max_streams",
                              "max_streams_per_token")),
+    "retention": ("NEXARCH_RETENTION_", ("interval", "batch_size", "days")),
 }
 
 
@@ -85,6 +93,8 @@ def _flatten(path: str, document: Mapping[str, Any]) -> tuple[dict[str, str],
             for name, inner in value.items():
                 if key == "api" and name == "tokens":
                     tokens = _tokens(path, inner)
+                elif key == "retention" and name == "days":
+                    out["NEXARCH_RETENTION_DAYS"] = _days(path, inner)
                 elif name in names:
                     out[prefix + name.upper()] = _scalar(path, f"{key}.{name}", inner)
                 else:
@@ -107,6 +117,15 @@ def _scalar(path: str, key: str, value: object) -> str:
         return ",".join(value)
     raise ConfigurationError(f"{path}: {key} must be a string, number or boolean, "
                              f"got {type(value).__name__}")
+
+
+def _days(path: str, table: object) -> str:
+    """``[retention.days] acme = 365`` as NEXARCH_RETENTION_DAYS text."""
+    if not isinstance(table, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in table.values()):
+        raise ConfigurationError(f"{path}: retention.days must be a table of tenant = days "
+                                 "([retention.days] acme = 365)")
+    return ",".join(f"{tenant}={days}" for tenant, days in table.items())
 
 
 def _tokens(path: str, entries: object) -> tuple[ApiToken, ...]:
@@ -187,6 +206,9 @@ def effective(settings: Settings) -> dict[str, Any]:
         "secret_key": "***" if settings.secret_key else None,
         "queue": {f.name: getattr(settings.queue, f.name) for f in fields(QueueSettings)},
         "import": {f.name: getattr(settings.importer, f.name) for f in fields(ImportSettings)},
+        "retention": {"interval": settings.retention.interval,
+                      "batch_size": settings.retention.batch_size,
+                      "days": dict(settings.retention.days)},
         "api": {"enabled": api.enabled, "host": api.host, "port": api.port,
                 "max_streams": api.max_streams,
                 "max_streams_per_token": api.max_streams_per_token,

@@ -5,6 +5,13 @@ an index job per archived message and a delete job per document the archive
 no longer has. The queue orders them with any concurrent delete of the same
 message (guarantee 3), so a rebuild can never resurrect a deleted message.
 It runs workers of its own, so it also completes when no worker runs.
+
+``verify`` reads the index before the archive: a document indexed after the
+index was read cannot look "extra", so ``repair`` (an index job per missing
+message, a delete job per extra document, through the queue) never deletes
+the document of mail archived meanwhile. Extra documents of messages that
+were erased (``mail_erasures``) are reported apart: erased mail that search
+could still find.
 """
 
 from __future__ import annotations
@@ -15,15 +22,18 @@ from dataclasses import dataclass
 import trio
 
 from .aio import Database
+from .db import sqlfiles
 from .index.base import IndexBackend
 from .mail.archive import Archive
 from .mail.indexer import Indexer
-from .models import JobType, NewJob, validate_tenant_slug
+from .models import JobId, JobType, NewJob, validate_tenant_slug
+from .queue.jobs import Queue
 from .queue.notify import JOB_EVENTS_CHANNEL, Notification
 from .service import QueueService
 from .settings import Settings
 
 Progress = Callable[[int, int, int], None]  # done, failed, total
+_LIFECYCLE_SQL = sqlfiles.queries("lifecycle.sql")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +45,8 @@ class IndexReport:
     missing: tuple[int, ...]
     #: in the index but not archived (any more)
     extra: tuple[int, ...]
+    #: of ``extra``: messages that were erased (search can still find them)
+    erased: tuple[int, ...] = ()
 
     @property
     def consistent(self) -> bool:
@@ -51,10 +63,28 @@ class ReindexResult:
 
 async def verify(db: Database, backend: IndexBackend, tenant_slug: str) -> IndexReport:
     validate_tenant_slug(tenant_slug)
+    indexed = await backend.document_ids(tenant_slug)  # first: see the module docstring
     archived = set(await Archive(db).ids(tenant_slug))
-    indexed = await backend.document_ids(tenant_slug)
+    extra = sorted(indexed - archived)
+    erased = sorted(r["archive_id"] for r in await db.fetch(
+        _LIFECYCLE_SQL["erased_ids"], tenant_slug, extra)) if extra else []
     return IndexReport(tenant_slug, len(archived), len(indexed),
-                       tuple(sorted(archived - indexed)), tuple(sorted(indexed - archived)))
+                       tuple(sorted(archived - indexed)), tuple(extra), tuple(erased))
+
+
+async def repair(db: Database, report: IndexReport) -> list[JobId]:
+    """Enqueue what brings the index in line with the archive ``report``
+    found: an index job per missing message, a delete job per extra
+    document. Returns the jobs; the workers (a running service) do them."""
+    jobs = [NewJob(JobType.INDEX, report.tenant_slug, str(i), {"archive_id": i, "repair": True})
+            for i in report.missing]
+    jobs += [NewJob(JobType.DELETE, report.tenant_slug, str(i), {"repair": True})
+             for i in report.extra]
+    queue = Queue(db)
+    out: list[JobId] = []
+    for start in range(0, len(jobs), 5000):
+        out.extend(await queue.enqueue_many(jobs[start:start + 5000]))
+    return out
 
 
 async def reindex(db: Database, settings: Settings, backend: IndexBackend, tenant_slug: str,

@@ -107,8 +107,9 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 backend: IndexBackend | None = None,
                 task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED) -> None:
     """Migrate, then run until SIGTERM/SIGINT has stopped it: the queue
-    service, and in the same nursery the IMAP import scheduler (``importer``)
-    and the HTTP API (when ``backend`` is given and settings.api.enabled).
+    service, and in the same nursery the IMAP import scheduler (``importer``),
+    the retention passes (when ``backend`` is given) and the HTTP API (when
+    ``backend`` is given and settings.api.enabled).
 
     The importer and the API stop with the workers: each message's import is
     one transaction, so cancelling it mid-run loses nothing. The API's bound
@@ -147,6 +148,14 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                                                     secret_key=settings.secret_key,
                                                     listener=service.listener).run)
             await nursery.start(_run_then_stop, service, nursery.cancel_scope)
+            if backend is not None:
+                # Retention beside the sweeper: a pass at start, then every
+                # retention.interval (one pass at a time across processes).
+                from .lifecycle.retention import Retention, RetentionTask
+
+                nursery.start_soon(RetentionTask(
+                    Retention(db, backend, settings.retention),
+                    reconnect_max=settings.queue.reconnect_max).run)
             if api:
                 from .api import ApiContext, serve_api
 

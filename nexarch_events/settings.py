@@ -112,6 +112,47 @@ class ImportSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class RetentionSettings:
+    """Retention of archived mail (nexarch_events/lifecycle/retention.py).
+    Days set with ``retention set`` (in the database) win over ``days``."""
+
+    #: Seconds between retention passes (the first runs at start).
+    interval: float = 86400.0
+    #: Messages erased per transaction.
+    batch_size: int = 100
+    #: (tenant, days to keep) pairs: ``[retention.days] acme = 365`` in the
+    #: file, ``NEXARCH_RETENTION_DAYS=acme=365,beta=30`` in the environment.
+    days: tuple[tuple[str, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        _positive_float("retention.interval", self.interval)
+        _positive_int("retention.batch_size", self.batch_size, upper=10_000)
+        seen: set[str] = set()
+        for tenant, days in self.days:
+            if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", tenant):
+                raise ConfigurationError(f"retention.days: {tenant[:40]!r} is not a valid "
+                                         "tenant slug (NEXARCH_RETENTION_DAYS)")
+            if tenant in seen:
+                raise ConfigurationError(f"retention.days: tenant {tenant!r} is given twice")
+            seen.add(tenant)
+            _positive_int(f"retention.days.{tenant}", days, upper=36500)
+
+    @staticmethod
+    def parse_days(key: str, raw: str) -> tuple[tuple[str, int], ...]:
+        """``acme=365,beta=30`` -> (("acme", 365), ("beta", 30))."""
+        out: list[tuple[str, int]] = []
+        for item in raw.split(","):
+            if not item.strip():
+                continue
+            tenant, sep, days = item.partition("=")
+            if not sep:
+                raise ConfigurationError(f"{key}: {item.strip()[:40]!r} must be TENANT=DAYS "
+                                         "(e.g. acme=365,beta=30)")
+            out.append((tenant.strip(), int(_parse_number(key, days.strip(), integer=True))))
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class ApiToken:
     """A bearer token of the HTTP API. Only its SHA-256 is kept in memory and
     compared (in constant time); ``tenant`` None means admin (every tenant)."""
@@ -174,6 +215,7 @@ class Settings:
     queue: QueueSettings = field(default_factory=QueueSettings)
     importer: ImportSettings = field(default_factory=ImportSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     #: Log lines as "kv" (key=value) or "json".
     log_format: str = "kv"
     #: Key that seals IMAP passwords stored in Postgres (NEXARCH_SECRET_KEY_FILE).
@@ -279,6 +321,18 @@ class Settings:
             api_kwargs["enabled"] = _parse_bool("NEXARCH_API_ENABLED", env["NEXARCH_API_ENABLED"])
         if api_kwargs:
             top["api"] = ApiSettings(**api_kwargs)  # type: ignore[arg-type]
+        retention_kwargs: dict[str, object] = {}
+        if "NEXARCH_RETENTION_INTERVAL" in env:
+            retention_kwargs["interval"] = _parse_number(
+                "NEXARCH_RETENTION_INTERVAL", env["NEXARCH_RETENTION_INTERVAL"], integer=False)
+        if "NEXARCH_RETENTION_BATCH_SIZE" in env:
+            retention_kwargs["batch_size"] = _parse_number(
+                "NEXARCH_RETENTION_BATCH_SIZE", env["NEXARCH_RETENTION_BATCH_SIZE"], integer=True)
+        if "NEXARCH_RETENTION_DAYS" in env:
+            retention_kwargs["days"] = RetentionSettings.parse_days(
+                "NEXARCH_RETENTION_DAYS", env["NEXARCH_RETENTION_DAYS"])
+        if retention_kwargs:
+            top["retention"] = RetentionSettings(**retention_kwargs)  # type: ignore[arg-type]
         if env.get("NEXARCH_INDEX_BACKEND"):
             top["index_backend"] = env["NEXARCH_INDEX_BACKEND"]
         if env.get("NEXARCH_MANTICORE_URL"):
@@ -309,7 +363,8 @@ class Settings:
             "NEXARCH_POOL_SIZE", "NEXARCH_COMMAND_TIMEOUT", "NEXARCH_INDEX_BACKEND",
             "NEXARCH_MANTICORE_URL", "NEXARCH_SEARCH_LANGUAGES", "NEXARCH_LOG_LEVEL",
             "NEXARCH_MANTICORE_TIMEOUT", "NEXARCH_API_MAX_STREAMS",
-            "NEXARCH_API_MAX_STREAMS_PER_TOKEN"})
+            "NEXARCH_API_MAX_STREAMS_PER_TOKEN", "NEXARCH_RETENTION_INTERVAL",
+            "NEXARCH_RETENTION_BATCH_SIZE", "NEXARCH_RETENTION_DAYS"})
 
     @property
     def statement_cache_size(self) -> int:

@@ -166,3 +166,7 @@ SELECT archive_id FROM mail_search_documents
  WHERE tenant_slug = $1 AND archive_id > $2
  ORDER BY archive_id
  LIMIT $3::int;
+
+-- name: drop_tenant
+-- Every document of tenant $1 (erasure of a whole tenant).
+DELETE FROM mail_search_documents WHERE tenant_slug = $1;

@@ -3,9 +3,11 @@ requests, responses, routing, and the JSON error shape. No framework: the
 API is small, and its only server is hypercorn's trio worker.
 
 Everything here is synchronous except the app itself (``AsgiApp``), which
-owns the ASGI conversation: it reads nothing but the disconnect of an
-event stream, and answers each request with one ``Response`` or one
-``Stream``.
+owns the ASGI conversation, and the request body: it is read only when a
+handler asks for it (``Request.json_body``, on routes that declare the
+fields they take), at most ``MAX_BODY`` bytes. The app reads nothing else
+but the disconnect of an event stream, and answers each request with one
+``Response`` or one ``Stream``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ Write = Callable[[bytes], Awaitable[None]]
 MAX_ID = 2**63 - 1
 _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,12}")
 _ID = re.compile(r"[0-9]{1,19}")
+#: The largest request body read; a larger one is refused (413) unread.
+MAX_BODY = 64 * 1024
+_CONTENT_LENGTH = re.compile(r"[0-9]{1,19}")
 
 class ApiError(Exception):
     """Ends a request with ``{"error": message}`` and this status."""
@@ -59,6 +64,10 @@ class Request:
     path_params: Mapping[str, str] = field(default_factory=dict)
     #: HEAD runs the GET handler; the body is left out when sending.
     head: bool = False
+    #: The body's reader (read on demand, once) and the fields the route
+    #: takes (None: it takes no body).
+    body: BodyReader | None = None
+    body_fields: frozenset[str] | None = None
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name.lower())
@@ -89,6 +98,14 @@ class Request:
             raise ApiError(400, f"query parameter {name!r} must be {low}..{high}, got {value}")
         return value
 
+    async def json_body(self) -> JsonBody:
+        """The body: a JSON object of the route's fields (415 for another
+        content type, 413 beyond MAX_BODY, 400 naming what is wrong)."""
+        if self.body is None or self.body_fields is None:
+            raise TypeError(f"{self.method} {self.path} takes no body")  # a bug: 500
+        check_json_content_type(self.header("content-type"))
+        return parse_json_object(await self.body.read(), self.body_fields)
+
     def path_id(self, name: str, what: str) -> int:
         """A bigint id: 1..2**63-1 in ASCII digits (400 otherwise)."""
         raw = self.path_params[name]
@@ -96,6 +113,159 @@ class Request:
             raise ApiError(400, f"{what} id must be a whole number 1..{MAX_ID}, got "
                                 f"{raw[:40]!r}")
         return int(raw)
+
+
+class BodyReader:
+    """Reads a request body once, at most ``limit`` bytes: a larger
+    Content-Length is refused before reading, a body that grows past the
+    limit as soon as it does."""
+
+    def __init__(self, receive: Receive, content_length: str | None,
+                 limit: int = MAX_BODY) -> None:
+        self.receive = receive
+        self.content_length = content_length
+        self.limit = limit
+        self._body: bytes | None = None
+
+    def _too_large(self) -> ApiError:
+        return ApiError(413, f"the request body is larger than {self.limit} bytes")
+
+    async def read(self) -> bytes:
+        if self._body is not None:
+            return self._body
+        if self.content_length is not None:
+            if not _CONTENT_LENGTH.fullmatch(self.content_length.strip()):
+                raise ApiError(400, "the Content-Length header is not a whole number")
+            if int(self.content_length) > self.limit:
+                raise self._too_large()
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self.receive()
+            kind = message.get("type")
+            if kind == "http.disconnect":
+                raise ApiError(400, "the client went away before sending the whole body")
+            if kind != "http.request":
+                continue
+            chunk = message.get("body", b"")
+            if not isinstance(chunk, bytes):
+                raise ApiError(400, "malformed request body")
+            size += len(chunk)
+            if size > self.limit:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        self._body = b"".join(chunks)
+        return self._body
+
+
+def check_json_content_type(value: str | None) -> None:
+    """application/json (charset, if given, utf-8), else 415."""
+    media, _, rest = (value or "").partition(";")
+    charset = rest.strip().lower().replace(" ", "")
+    if media.strip().lower() != "application/json" \
+            or charset not in ("", "charset=utf-8", 'charset="utf-8"'):
+        raise ApiError(415, f"the request body must be application/json (UTF-8), got "
+                            f"{(value or 'no Content-Type')[:60]!r}")
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ApiError(400, f"the request body gives field {key[:40]!r} twice; give it once")
+        out[key] = value
+    return out
+
+
+def _no_constant(name: str) -> object:
+    raise ApiError(400, f"the request body is not valid JSON: {name} is not a number")
+
+
+def parse_json_object(raw: bytes, fields: frozenset[str]) -> JsonBody:
+    """A JSON object holding only ``fields`` (400 naming the problem:
+    invalid UTF-8 or JSON, not an object, a repeated or unknown field)."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ApiError(400, f"the request body is not valid UTF-8 (byte {exc.start})") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except RecursionError:
+        raise ApiError(400, "the request body is not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and ints beyond Python's digit limit
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got "
+                            f"{_json_kind(value)}")
+    unknown = sorted(set(value) - fields)
+    if unknown:
+        raise ApiError(400, f"unknown field(s) {', '.join(repr(u[:40]) for u in unknown[:5])} "
+                            f"in the request body; known: {', '.join(sorted(fields)) or 'none'}")
+    return JsonBody(value)
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    return "an array"
+
+
+class JsonBody:
+    """A request body's fields, read with their type checked (400 naming
+    the field otherwise)."""
+
+    def __init__(self, fields: Mapping[str, object]) -> None:
+        self.fields = fields
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.fields
+
+    def _missing(self, name: str) -> ApiError:
+        return ApiError(400, f"the request body needs field {name!r}")
+
+    def text(self, name: str, *, required: bool = True, max_length: int = 10_000) -> str | None:
+        """A string of 1..max_length characters, no NUL (None if absent or
+        null and not required)."""
+        value = self.fields.get(name)
+        if value is None:
+            if required:
+                raise self._missing(name)
+            return None
+        if not isinstance(value, str):
+            raise ApiError(400, f"field {name!r} must be a string, got {_json_kind(value)}")
+        if not 1 <= len(value) <= max_length:
+            raise ApiError(400, f"field {name!r} must be 1..{max_length} characters")
+        if "\x00" in value:
+            raise ApiError(400, f"field {name!r} contains a NUL character")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError(400, f"field {name!r} contains a lone surrogate (\\ud800-\\udfff)"
+                           ) from None
+        return value
+
+    def whole_number(self, name: str, *, low: int, high: int, nullable: bool = False
+                     ) -> int | None:
+        """An integer low..high; null only if ``nullable`` (the field is required)."""
+        if name not in self.fields:
+            raise self._missing(name)
+        value = self.fields[name]
+        if value is None and nullable:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ApiError(400, f"field {name!r} must be a whole number"
+                                f"{' or null' if nullable else ''}, got {_json_kind(value)}")
+        if not low <= value <= high:
+            raise ApiError(400, f"field {name!r} must be {low}..{high}, got {value}")
+        return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +324,9 @@ class Route:
     #: misspelt filter must not silently widen a search). None: the route
     #: reads none and ignores any (probes, the page, its assets).
     params: frozenset[str] | None = None
+    #: The fields of the JSON body this route takes (None: no body; one
+    #: sent is left unread).
+    body: frozenset[str] | None = None
 
 
 class Router:
@@ -161,11 +334,12 @@ class Router:
         self.routes: list[Route] = []
 
     def add(self, method: str, path: str, handler: Handler,
-            params: Iterable[str] | None = None) -> None:
+            params: Iterable[str] | None = None, body: Iterable[str] | None = None) -> None:
         """``path`` may hold ``{name}`` segments (one path segment each)."""
         regex = re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))
         self.routes.append(Route(method, re.compile(regex + r"\Z"), handler,
-                                 None if params is None else frozenset(params)))
+                                 None if params is None else frozenset(params),
+                                 None if body is None else frozenset(body)))
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]]:
         """The route (HEAD finds the GET route) and its path parameters."""
@@ -242,7 +416,7 @@ class AsgiApp:
             if kind == "websocket":
                 await send({"type": "websocket.close", "code": 1003})
             return
-        result = await self._respond(scope)
+        result = await self._respond(scope, receive)
         head = scope.get("method") == "HEAD"
         if isinstance(result, Response):
             await self._send_response(send, result, head=head)
@@ -258,7 +432,7 @@ class AsgiApp:
             if result.on_close is not None:
                 result.on_close()
 
-    async def _respond(self, scope: Scope) -> Response | Stream:
+    async def _respond(self, scope: Scope, receive: Receive) -> Response | Stream:
         try:
             request = _parse_request(scope)
             route, params = self.router.match(request.method, request.path)
@@ -268,9 +442,12 @@ class AsgiApp:
                 raise ApiError(400, f"unknown query parameter(s) "
                                     f"{', '.join(repr(u[:40]) for u in unknown[:5])} on "
                                     f"{request.path}; known: {known}")
+            body = None if route.body is None \
+                else BodyReader(receive, request.header("content-length"))
             return await route.handler(Request(request.method, request.path, request.headers,
                                                request.query, params,
-                                               head=request.method == "HEAD"))
+                                               head=request.method == "HEAD",
+                                               body=body, body_fields=route.body))
         except ApiError as exc:
             return error_response(exc)
         except (DatabaseUnavailable, IndexUnavailable) as exc:

@@ -28,6 +28,11 @@ from ..index.base import (
     SearchQuery,
     parse_query,
 )
+from ..lifecycle import audit
+from ..lifecycle.erasure import Eraser, HeldByLegalHold, MessageNotFound
+from ..lifecycle.holds import MAX_MAILBOX, MAX_REASON, Hold, HoldNotFound, Holds
+from ..lifecycle.matching import TooManyMatches
+from ..lifecycle.retention import MAX_DAYS, RetentionPolicy, policies, set_policy
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..models import Job, JobStatus
 from ..queue.jobs import Queue
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
 
 _SQL = sqlfiles.queries("queue.sql")
 _IMPORTER_SQL = sqlfiles.queries("importer.sql")
+_LIFECYCLE_SQL = sqlfiles.queries("lifecycle.sql")
 
 READY_TIMEOUT_S = 2.0
 #: Seconds a client refused a stream (429) is asked to wait.
@@ -84,9 +90,21 @@ def build_router(ctx: ApiContext) -> Router:
         ("POST", "/accounts/{id}/sync", api.sync_account, tenant),
         ("GET", "/search", api.search, SEARCH_PARAMS),
         ("GET", "/events", api.events, tenant),
+        ("DELETE", "/messages/{id}", api.erase_message, tenant),
+        ("GET", "/audit", api.audit_log, ("tenant", "limit", "before", "action")),
+        ("GET", "/holds", api.holds, ("tenant", "removed")),
+        ("DELETE", "/holds/{id}", api.remove_hold, tenant),
+        ("GET", "/retention", api.retention, tenant),
     ]
     for method, path, handler, params in authed:
         router.add(method, path, api.authed(handler), params)
+    # The routes that take a JSON body, and its fields (openapi.yaml).
+    with_body: list[tuple[str, str, AuthedHandler, tuple[str, ...]]] = [
+        ("POST", "/holds", api.add_hold, ("tenant", "scope", "mailbox", "query", "reason")),
+        ("PUT", "/retention", api.set_retention, ("tenant", "days")),
+    ]
+    for method, path, handler, fields in with_body:
+        router.add(method, path, api.authed(handler), (), body=fields)
     return router
 
 
@@ -277,6 +295,114 @@ class _Api:
                  "snippet": hit.snippet, "mailboxes": seen.get(hit.archive_id, [])}
                 for hit in result.hits]})
 
+    async def erase_message(self, request: Request, who: Principal) -> Response:
+        """Erase one message (audited as the token's name). A tenant token
+        erases its own mail only; another tenant's message is "not found",
+        exactly like one that does not exist."""
+        tenant = tenant_scope(who, request, required=False)
+        archive_id = request.path_id("id", "message")
+        scope = "" if tenant is None else f" in tenant {tenant!r}"
+        if tenant is None:  # admin: the message's own tenant
+            tenant = await self.ctx.db.fetchval(_LIFECYCLE_SQL["message_tenant"], archive_id)
+            if tenant is None:
+                raise ApiError(404, f"no archived message {archive_id}")
+        eraser = Eraser(self.ctx.db, self.ctx.backend)
+        try:
+            result = await eraser.erase(tenant, [archive_id], actor=who.name)
+        except MessageNotFound:
+            raise ApiError(404, f"no archived message {archive_id}{scope}") from None
+        except HeldByLegalHold as exc:
+            raise ApiError(409, str(exc)) from None
+        if not result.erased:
+            raise ApiError(404, f"no archived message {archive_id}{scope} (erased before)")
+        return json_response({"tenant": tenant, "archive_id": archive_id,
+                              "delete_job": result.delete_jobs[0],
+                              "audit_id": result.audit_id}, 202)
+
+    async def audit_log(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        limit = request.int_param("limit", 100, low=1, high=audit.MAX_LIST)
+        before = request.int_param("before", 0, low=1, high=2**63 - 1) \
+            if request.param("before") is not None else None
+        raw = request.param("action")
+        try:
+            action = None if raw is None else audit.AuditAction(raw)
+        except ValueError:
+            raise ApiError(400, "query parameter 'action' must be one of "
+                                + ", ".join(a.value for a in audit.AuditAction)) from None
+        entries = await audit.entries(self.ctx.db, tenant_slug=tenant, limit=limit,
+                                      before=before, action=action)
+        return json_response({"tenant": tenant, "entries": [
+            {"id": e.id, "at": e.at, "actor": e.actor, "action": e.action.value,
+             "tenant": e.tenant_slug, "target": e.target, "count": e.count}
+            for e in entries]})
+
+    async def holds(self, request: Request, who: Principal) -> Response:
+        tenant = tenant_scope(who, request, required=False)
+        raw = request.param("removed")
+        if raw not in (None, "true", "false"):
+            raise ApiError(400, "query parameter 'removed' must be true or false")
+        rows = await Holds(self.ctx.db, self.ctx.backend).list(
+            tenant, include_removed=raw == "true")
+        return json_response({"tenant": tenant, "holds": [_hold_json(h) for h in rows]})
+
+    # Holds and retention are changed by admin tokens only: a hold is a
+    # legal instrument of the operator, not of a tenant's own client (and a
+    # tenant able to remove its holds or shorten its retention could
+    # destroy what the hold protects). Tenant tokens get 403 before the
+    # body is read; they read their own holds (GET /holds) and the audit.
+
+    async def add_hold(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        body = await request.json_body()
+        tenant = body.text("tenant", max_length=63)
+        scope = body.text("scope", max_length=20)
+        assert tenant is not None and scope is not None
+        try:
+            hold = await Holds(self.ctx.db, self.ctx.backend).add(
+                tenant, scope, reason=body.text("reason", max_length=MAX_REASON) or "",
+                actor=who.name, mailbox=body.text("mailbox", required=False,
+                                                  max_length=MAX_MAILBOX),
+                query=body.text("query", required=False, max_length=MAX_QUERY_LENGTH))
+        except (InvalidJobError, InvalidQuery, TooManyMatches) as exc:
+            raise ApiError(400, f"bad hold: {exc}") from None
+        return json_response(_hold_json(hold), 201)
+
+    async def remove_hold(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        tenant = tenant_scope(who, request, required=False)
+        hold_id = request.path_id("id", "hold")
+        try:
+            hold = await Holds(self.ctx.db, self.ctx.backend).remove(
+                hold_id, actor=who.name, tenant_slug=tenant)
+        except HoldNotFound as exc:
+            raise ApiError(404, str(exc)) from None
+        return json_response(_hold_json(hold))
+
+    async def retention(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        tenant = tenant_scope(who, request, required=False)
+        found = [p for p in await policies(self.ctx.db, self.ctx.settings.retention)
+                 if tenant is None or p.tenant_slug == tenant]
+        return json_response({"tenant": tenant,
+                              "interval_s": self.ctx.settings.retention.interval,
+                              "policies": [_policy_json(p) for p in found]})
+
+    async def set_retention(self, request: Request, who: Principal) -> Response:
+        require_admin(who, request)
+        body = await request.json_body()
+        tenant = body.text("tenant", max_length=63)
+        days = body.whole_number("days", low=1, high=MAX_DAYS, nullable=True)
+        assert tenant is not None
+        try:
+            await set_policy(self.ctx.db, tenant, days, actor=who.name)
+        except InvalidJobError as exc:
+            raise ApiError(400, f"bad retention: {exc}") from None
+        policy = next((p for p in await policies(self.ctx.db, self.ctx.settings.retention)
+                       if p.tenant_slug == tenant), None)
+        return json_response({"tenant": tenant,
+                              "policy": None if policy is None else _policy_json(policy)})
+
     async def events(self, request: Request, who: Principal) -> Stream:
         tenant = tenant_scope(who, request, required=False)
         resume = None
@@ -397,6 +523,18 @@ def _account_json(row: dict[str, object]) -> dict[str, object]:
         states = {str(f["state"]) for f in live}
         out["state"] = next((s for s in FOLDER_STATES if s in states), "ok")
     return out
+
+
+def _hold_json(h: Hold) -> dict[str, object]:
+    return {"id": h.id, "tenant": h.tenant_slug, "scope": h.scope.value, "mailbox": h.mailbox,
+            "query": h.query, "reason": h.reason, "created_by": h.created_by,
+            "created_at": h.created_at, "removed_by": h.removed_by,
+            "removed_at": h.removed_at, "recorded": h.recorded}
+
+
+def _policy_json(p: RetentionPolicy) -> dict[str, object]:
+    return {"tenant": p.tenant_slug, "days": p.days, "source": p.source,
+            "set_by": p.set_by, "set_at": p.set_at}
 
 
 def _job_json(job: Job) -> dict[str, object]:

@@ -28,7 +28,7 @@ from ..errors import (
     NexarchError,
 )
 from ..settings import Settings
-from . import account, mail, mailbox, queue, service
+from . import account, lifecycle, mail, mailbox, queue, service
 from .common import (
     EXIT_BUG,
     EXIT_FAILED,
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "variables override it")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for group in (service, queue, mail, mailbox, account):
+    for group in (service, queue, mail, lifecycle, mailbox, account):
         group.register(sub)
     return parser
 

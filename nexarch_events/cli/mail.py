@@ -139,25 +139,46 @@ def cmd_reindex(args: argparse.Namespace, settings: Settings, url: str) -> int:
 
 def cmd_verify_index(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from ..mail.archive import Archive
-    from ..reindex import verify
+    from ..reindex import repair, verify
 
     async def go(db: Any, backend: Any) -> Any:
-        tenants = [args.tenant] if args.tenant else await Archive(db).tenants()
-        return [await verify(db, backend, tenant) for tenant in tenants]
+        tenants = [args.tenant] if args.tenant else sorted(
+            set(await Archive(db).tenants()) | set(await _erased_tenants(db)))
+        reports = [await verify(db, backend, tenant) for tenant in tenants]
+        repaired = {r.tenant_slug: await repair(db, r) for r in reports
+                    if args.repair and not r.consistent}
+        return reports, repaired
 
-    reports = with_index(url, settings, go)
+    reports, repaired = with_index(url, settings, go)
     consistent = True
     for report in reports:
         consistent &= report.consistent
+        jobs = repaired.get(report.tenant_slug)
+        hint = ""
+        if jobs:
+            hint = f"  <- repair: {len(jobs)} job(s) queued for the workers"
+        elif not report.consistent:
+            hint = f"  <- run: {command_name()} verify-index --repair --tenant {report.tenant_slug}"
         print(f"{report.tenant_slug}: {report.archived} archived, {report.indexed} indexed, "
-              f"{len(report.missing)} missing, {len(report.extra)} extra"
-              + ("" if report.consistent else f"  <- run: {command_name()} reindex --tenant "
-                 + report.tenant_slug))
-        for label, ids in (("missing", report.missing), ("extra", report.extra)):
+              f"{len(report.missing)} missing, {len(report.extra)} extra "
+              f"({len(report.erased)} of them erased)" + hint)
+        for label, ids in (("missing", report.missing), ("extra", report.extra),
+                           ("erased but still indexed", report.erased)):
             if ids:
                 print(f"  {label}: {' '.join(map(str, ids[:20]))}"
                       + (f" ... (+{len(ids) - 20})" if len(ids) > 20 else ""))
-    return EXIT_OK if consistent else EXIT_FAILED
+    # --repair: the jobs are queued; a second run after the workers did
+    # them reports consistent.
+    return EXIT_OK if consistent or args.repair else EXIT_FAILED
+
+
+async def _erased_tenants(db: Any) -> list[str]:
+    """Tenants with erased mail: a tenant erased whole has no archive left,
+    but its index may still hold documents."""
+    from ..db import sqlfiles
+
+    rows = await db.fetch(sqlfiles.queries("lifecycle.sql")["erased_tenants"])
+    return [r["tenant_slug"] for r in rows]
 
 
 def register(sub: Subparsers) -> None:
@@ -190,5 +211,9 @@ def register(sub: Subparsers) -> None:
 
     verify = sub.add_parser("verify-index",
                             help="report documents missing from or extra in the index")
-    verify.add_argument("--tenant", help="one tenant (default: every tenant in the archive)")
+    verify.add_argument("--tenant", help="one tenant (default: every tenant in the archive, "
+                                         "and every tenant with erased mail)")
+    verify.add_argument("--repair", action="store_true",
+                        help="queue an index job per missing message and a delete job per "
+                             "extra document (a running service applies them)")
     verify.set_defaults(fn=cmd_verify_index)

@@ -373,6 +373,11 @@ class IndexBackend(Protocol):
     async def aclose(self) -> None:
         """Release connections."""
 
+    async def drop_tenant(self, tenant_slug: str) -> None:
+        """Remove every document of a tenant, and its table where the
+        backend keeps one per tenant (erasure of a whole tenant;
+        idempotent). A later write for the tenant starts afresh."""
+
 
 def render_snippet(marked: str) -> str:
     """Escape a backend's snippet for HTML, then turn the highlight markers

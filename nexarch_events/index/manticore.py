@@ -973,3 +973,7 @@ class ManticoreBackend:
             return IndexUnavailable(f"{label}: HTTP {status}; retry later ({said})")
         # A 2xx whose body reports an error nobody documented.
         return IndexRejected(f"{label}: HTTP {status} reporting a failure ({said})")
+
+    async def drop_tenant(self, tenant_slug: str) -> None:
+        """Drop the tenant's table (``DROP TABLE IF EXISTS`` over /sql?mode=raw)."""
+        await self.drop_schema(tenant_slug)

@@ -360,3 +360,11 @@ class PostgresIndex:
 
     async def aclose(self) -> None:
         """The pool belongs to the caller."""
+
+    async def drop_tenant(self, tenant_slug: str) -> None:
+        """Delete every document of the tenant (one shared table)."""
+        validate_tenant_slug(tenant_slug)
+        try:
+            await self.db.execute(_SQL["drop_tenant"], tenant_slug)
+        except DatabaseUnavailable as exc:
+            raise IndexUnavailable(f"postgres index: {exc}") from exc

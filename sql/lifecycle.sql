@@ -1,0 +1,258 @@
+-- Named queries of the archive lifecycle (nexarch_events/lifecycle/):
+-- erasure, legal holds, the audit log, retention. Tables: migrations 0021
+-- and 0022.
+
+-- name: tenant_lock_shared
+-- Erasures of a tenant share this lock; adding a hold takes it exclusively
+-- (hold_lock). So a hold either commits before an erasure's check (which
+-- then sees it) or waits until the erasure has committed: no message is
+-- erased under a hold that was added while the erasure ran.
+SELECT pg_advisory_xact_lock_shared(1312902722, hashtext($1::text));
+
+-- name: hold_lock
+SELECT pg_advisory_xact_lock(1312902722, hashtext($1::text));
+
+-- name: audit_insert
+-- $1 actor, $2 action, $3 tenant, $4 target (JSON text), $5 count.
+INSERT INTO mail_audit_log (actor, action, tenant_slug, target, count)
+VALUES ($1, $2, $3, $4::jsonb, $5::int)
+RETURNING id, at;
+
+-- name: audit_list
+-- Newest first. $1 tenant or NULL (every tenant), $2 before this id (NULL:
+-- from the newest), $3 limit, $4 action or NULL.
+SELECT id, at, actor, action, tenant_slug, target::text AS target, count
+  FROM mail_audit_log
+ WHERE ($1::text IS NULL OR tenant_slug = $1::text)
+   AND ($2::bigint IS NULL OR id < $2::bigint)
+   AND ($4::text IS NULL OR action = $4::text)
+ ORDER BY id DESC
+ LIMIT $3::int;
+
+-- name: hold_add
+INSERT INTO mail_legal_holds (tenant_slug, scope, mailbox, query, reason, created_by)
+VALUES ($1, $2, $3, $4, $5, $6)
+RETURNING id, tenant_slug, scope, mailbox, query, reason, created_by, created_at,
+          removed_by, removed_at;
+
+-- name: hold_items_add
+-- What a query hold found when it was added. $1 hold, $2 tenant, $3 ids.
+INSERT INTO mail_legal_hold_items (hold_id, tenant_slug, archive_id)
+SELECT $1::bigint, $2::text, i FROM unnest($3::bigint[]) AS i
+ON CONFLICT DO NOTHING;
+
+-- name: hold_list
+-- $1 tenant or NULL (every tenant), $2 include removed holds.
+SELECT h.id, h.tenant_slug, h.scope, h.mailbox, h.query, h.reason, h.created_by,
+       h.created_at, h.removed_by, h.removed_at,
+       (SELECT count(*) FROM mail_legal_hold_items i WHERE i.hold_id = h.id) AS recorded
+  FROM mail_legal_holds h
+ WHERE ($1::text IS NULL OR h.tenant_slug = $1::text)
+   AND ($2::bool OR h.removed_at IS NULL)
+ ORDER BY h.id;
+
+-- name: hold_remove
+-- $1 id, $2 tenant or NULL (admin: any tenant), $3 who. No row: no such
+-- active hold (in that tenant).
+UPDATE mail_legal_holds
+   SET removed_at = now(), removed_by = $3
+ WHERE id = $1::bigint
+   AND ($2::text IS NULL OR tenant_slug = $2::text)
+   AND removed_at IS NULL
+RETURNING id, tenant_slug, scope, mailbox, query, reason, created_by, created_at,
+          removed_by, removed_at;
+
+-- name: query_holds
+-- The active query holds of tenant $1 (evaluated through the index).
+SELECT id, query FROM mail_legal_holds
+ WHERE tenant_slug = $1 AND scope = 'query' AND removed_at IS NULL
+ ORDER BY id;
+
+-- name: held
+-- Which of the messages $2 of tenant $1 an active hold covers, by the
+-- database alone: tenant holds, mailbox holds (a location in that mailbox),
+-- and what a query hold recorded when it was added. One row per (message,
+-- hold).
+SELECT k.id AS archive_id, h.id AS hold_id
+  FROM unnest($2::bigint[]) AS k(id)
+  JOIN mail_legal_holds h ON h.tenant_slug = $1 AND h.removed_at IS NULL
+ WHERE h.scope = 'tenant'
+    OR (h.scope = 'mailbox' AND EXISTS (
+            SELECT 1 FROM mail_archive_locations l
+             WHERE l.archive_id = k.id AND l.tenant_slug = $1 AND l.mailbox = h.mailbox))
+    OR (h.scope = 'query' AND EXISTS (
+            SELECT 1 FROM mail_legal_hold_items i
+             WHERE i.hold_id = h.id AND i.archive_id = k.id))
+ ORDER BY k.id, h.id;
+
+-- name: tenant_held
+-- The active tenant-wide hold of tenant $1, if any (the lowest id).
+SELECT id FROM mail_legal_holds
+ WHERE tenant_slug = $1 AND scope = 'tenant' AND removed_at IS NULL
+ ORDER BY id LIMIT 1;
+
+-- name: archived_of
+-- Which of the ids $2 are archived messages of tenant $1.
+SELECT id FROM mail_archive WHERE tenant_slug = $1 AND id = ANY($2::bigint[]);
+
+-- name: erased_of
+-- Which of the ids $2 of tenant $1 were erased before.
+SELECT archive_id FROM mail_erasures WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[]);
+
+-- name: erase_archive
+-- The messages and (ON DELETE CASCADE) their locations.
+DELETE FROM mail_archive WHERE tenant_slug = $1 AND id = ANY($2::bigint[])
+RETURNING id;
+
+-- name: drop_pending_index_jobs
+-- Index work nobody has started is dropped with the message. A claimed
+-- (processing) job stays: the delete job enqueued after it is ordered
+-- behind it (guarantee 3), so the delete wins. A claim racing this
+-- statement holds the row locked; the re-check after the wait sees
+-- 'processing' and leaves it.
+DELETE FROM mail_index_jobs
+ WHERE tenant_slug = $1 AND message_id = ANY($2::text[])
+   AND job_type = 'index' AND status = 'pending'
+RETURNING id;
+
+-- name: record_erasures
+-- $1 tenant, $2 ids, $3 audit id, $4 delete job ids (pairwise with $2).
+INSERT INTO mail_erasures (tenant_slug, archive_id, audit_id, delete_job_id)
+SELECT $1::text, e.archive_id, $3::bigint, e.job_id
+  FROM unnest($2::bigint[], $4::bigint[]) AS e(archive_id, job_id)
+ON CONFLICT (tenant_slug, archive_id) DO NOTHING;
+
+-- name: erased_ids
+-- Every erased message of tenant $1 among the ids $2 (verify-index).
+SELECT archive_id FROM mail_erasures
+ WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[]);
+
+-- name: ids_page
+-- Archive ids of tenant $1 above $2, ascending, at most $3 (erasing a
+-- whole tenant in batches).
+SELECT id FROM mail_archive WHERE tenant_slug = $1 AND id > $2 ORDER BY id LIMIT $3::int;
+
+-- name: unregister_tenant
+-- Stop a tenant's import: its accounts, mailboxes, sync state and recorded
+-- failures go. Returns the mailbox names removed (a run in flight stops at
+-- its next message: its sync state is gone, see mail_import_message).
+WITH acc AS (
+    DELETE FROM mail_import_accounts WHERE tenant_slug = $1 RETURNING id
+),
+boxes AS (
+    DELETE FROM mail_import_mailboxes WHERE tenant_slug = $1 RETURNING name
+),
+state AS (
+    DELETE FROM mail_import_state WHERE tenant_slug = $1 RETURNING mailbox_name
+),
+failures AS (
+    DELETE FROM mail_import_failures WHERE tenant_slug = $1
+)
+SELECT name FROM boxes
+UNION
+SELECT mailbox_name FROM state
+ORDER BY 1;
+
+-- name: unregister_mailboxes
+-- Unregister the registered mailboxes named $2 of tenant $1 (and their
+-- state and failures); the erased mail then stops coming back from them.
+WITH boxes AS (
+    DELETE FROM mail_import_mailboxes WHERE tenant_slug = $1 AND name = ANY($2::text[])
+    RETURNING name
+),
+state AS (
+    DELETE FROM mail_import_state WHERE tenant_slug = $1 AND mailbox_name = ANY($2::text[])
+),
+failures AS (
+    DELETE FROM mail_import_failures WHERE tenant_slug = $1 AND mailbox_name = ANY($2::text[])
+)
+SELECT name FROM boxes ORDER BY name;
+
+-- name: mailboxes_of
+-- The mailboxes messages $2 of tenant $1 were seen in.
+SELECT DISTINCT mailbox FROM mail_archive_locations
+ WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[])
+ ORDER BY mailbox;
+
+-- name: drop_tenant_pending_jobs
+-- Pending index jobs of a tenant being erased whole.
+DELETE FROM mail_index_jobs
+ WHERE tenant_slug = $1 AND job_type = 'index' AND status = 'pending'
+RETURNING id;
+
+-- name: tenant_count
+SELECT count(*) FROM mail_archive WHERE tenant_slug = $1;
+
+-- name: message_tenant
+-- The tenant of archived message $1 (an admin's DELETE /messages/{id}).
+SELECT tenant_slug FROM mail_archive WHERE id = $1::bigint;
+
+-- name: audit_complete
+-- A retention pass writes its audit row when it starts (its erasures point
+-- at it) and completes it here when it ends: the one update the audit log
+-- ever sees. $1 id, $2 count, $3 target (JSON text).
+UPDATE mail_audit_log SET count = $2::int, target = $3::jsonb
+ WHERE id = $1::bigint AND action = 'retention_pass';
+
+-- name: retention_policies
+SELECT tenant_slug, days, set_by, set_at FROM mail_retention_policies ORDER BY tenant_slug;
+
+-- name: retention_set
+INSERT INTO mail_retention_policies AS p (tenant_slug, days, set_by)
+VALUES ($1, $2::int, $3)
+ON CONFLICT (tenant_slug) DO UPDATE SET days = EXCLUDED.days, set_by = EXCLUDED.set_by,
+                                        set_at = now()
+RETURNING tenant_slug;
+
+-- name: retention_clear
+DELETE FROM mail_retention_policies WHERE tenant_slug = $1 RETURNING tenant_slug;
+
+-- name: retention_lock
+-- One retention pass at a time, whichever process runs it (session lock on
+-- the pass's own connection; released at its end or when that connection
+-- goes).
+SELECT pg_try_advisory_lock(1312902723, 0) AS locked;
+
+-- name: retention_unlock
+SELECT pg_advisory_unlock(1312902723, 0) AS unlocked;
+
+-- name: undated
+-- Messages of tenant $1 above id $2 without a received date yet: no
+-- location with an INTERNALDATE and no mail_archive_dates row; their
+-- header section (the first 64 KiB) for the Date field. $3 limit.
+SELECT a.id, substring(a.raw FROM 1 FOR 65536) AS head
+  FROM mail_archive a
+ WHERE a.tenant_slug = $1 AND a.id > $2
+   AND NOT EXISTS (SELECT 1 FROM mail_archive_dates d WHERE d.archive_id = a.id)
+   AND NOT EXISTS (SELECT 1 FROM mail_archive_locations l
+                    WHERE l.archive_id = a.id AND l.internaldate IS NOT NULL)
+ ORDER BY a.id
+ LIMIT $3::int;
+
+-- name: dates_add
+-- $1 tenant, $2 ids, $3 Date headers (NULL: none). Messages erased
+-- meanwhile are left out by the join.
+INSERT INTO mail_archive_dates (archive_id, tenant_slug, sent_at)
+SELECT a.id, a.tenant_slug, d.sent_at
+  FROM unnest($2::bigint[], $3::timestamptz[]) AS d(archive_id, sent_at)
+  JOIN mail_archive a ON a.id = d.archive_id AND a.tenant_slug = $1
+ON CONFLICT (archive_id) DO NOTHING;
+
+-- name: expired
+-- Messages of tenant $1 received before $2 (the earliest INTERNALDATE,
+-- else the Date header, else the archive time), above id $3, at most $4,
+-- in id order. Only messages whose date is known: "undated" runs first.
+SELECT a.id
+  FROM mail_archive a
+  LEFT JOIN mail_archive_dates d ON d.archive_id = a.id
+  LEFT JOIN LATERAL (SELECT min(l.internaldate) AS received
+                       FROM mail_archive_locations l
+                      WHERE l.archive_id = a.id) loc ON true
+ WHERE a.tenant_slug = $1 AND a.id > $3
+   AND (loc.received IS NOT NULL OR d.archive_id IS NOT NULL)
+   AND coalesce(loc.received, d.sent_at, a.archived_at) < $2::timestamptz
+ ORDER BY a.id
+ LIMIT $4::int;
+
+-- name: erased_tenants
+SELECT DISTINCT tenant_slug FROM mail_erasures ORDER BY tenant_slug;

@@ -1,0 +1,167 @@
+"""Retention with a clock the test controls (``run_pass(now)``), on real
+Postgres and both index backends: the received date is the INTERNALDATE,
+else the Date header, else the archive time; held mail stays; erased mail
+leaves the index through the delete jobs; every pass is audited."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.lifecycle import audit
+from nexarch_events.lifecycle.holds import Holds
+from nexarch_events.lifecycle.retention import Retention, policies, set_policy
+from nexarch_events.mail.archive import Archive, Location
+from nexarch_events.mail.indexer import Indexer
+from nexarch_events.models import JobStatus
+from nexarch_events.service import QueueService
+from nexarch_events.settings import QueueSettings, RetentionSettings, Settings
+from tests.integration.test_lifecycle import Env
+from tests.support.backends import open_backend
+
+
+def mail(word: str, date: str | None) -> bytes:
+    head = f"Date: {date}\r\n" if date else ""
+    return (f"From: a@example.org\r\nSubject: {word}\r\n{head}Message-ID: <{word}@x>\r\n\r\n"
+            f"text about {word}\r\n").encode()
+
+
+@pytest.fixture(params=["postgres", "manticore"])
+async def env(request: pytest.FixtureRequest, db: Database,
+              fast_settings: QueueSettings) -> AsyncIterator[Env]:
+    async with open_backend(request.param, db) as backend:
+        settings = Settings(queue=fast_settings)
+        service = QueueService(db, settings, Indexer(db, backend).handlers())
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            yield Env(db, backend, service.queue)
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_pass_erases_what_was_received_before_the_cutoff(env: Env) -> None:
+    archive = Archive(env.db)
+
+    async def store(word: str, date: str | None, internaldate: datetime | None = None,
+                    mailbox: str = "INBOX", uid: int = 1) -> int:
+        location = Location(mailbox, 1, uid) if internaldate or mailbox != "INBOX" else None
+        stored = await archive.store("acme", mail(word, date), location)
+        if internaldate is not None:
+            await env.db.execute("UPDATE mail_archive_locations SET internaldate = $1 "
+                                 "WHERE archive_id = $2", internaldate, stored.archive_id)
+        return stored.archive_id
+
+    # INTERNALDATE wins over a recent Date header.
+    by_internaldate = await store("alpha", "Tue, 31 Dec 2024 10:00:00 +0000",
+                                  datetime(2024, 1, 1, tzinfo=UTC), uid=1)
+    # No INTERNALDATE: the Date header.
+    old_date = await store("bravo", "Sat, 01 Jun 2024 10:00:00 +0000")
+    recent_date = await store("charlie", "Fri, 20 Dec 2024 10:00:00 +0000")
+    # Neither: the archive time (now, in real time).
+    undated = await store("delta", None)
+    # Old, but held.
+    held = await store("echo", None, datetime(2023, 1, 1, tzinfo=UTC), mailbox="Legal", uid=2)
+    hold = await Holds(env.db, env.backend).add("acme", "mailbox", mailbox="Legal",
+                                                reason="case 3", actor="ops")
+    # Another tenant without a policy keeps its old mail.
+    other = (await archive.store("beta", mail("foxtrot", "Mon, 01 Jan 2001 00:00:00 +0000"))
+             ).archive_id
+    await env.settle()
+
+    await set_policy(env.db, "acme", 30, actor="ops")
+    retention = Retention(env.db, env.backend, RetentionSettings(batch_size=2))
+    results = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC))
+    assert results is not None and [r.tenant_slug for r in results] == ["acme"]
+    [first] = results
+    assert set(first.erased) == {by_internaldate, old_date}
+    assert first.skipped_held == (held,)
+    await env.settle()
+    for word in ("alpha", "bravo"):
+        assert await env.found("acme", word) == set()
+    assert await env.found("acme", "charlie") == {recent_date}
+    assert await env.found("acme", "echo") == {held}
+    assert await env.found("beta", "foxtrot") == {other}
+
+    # Years later the archive time has passed too; the hold still holds.
+    later = datetime.now(UTC) + timedelta(days=31)
+    [second] = await retention.run_pass(later) or []
+    assert set(second.erased) == {recent_date, undated}
+    await env.settle()
+    assert set(await archive.ids("acme")) == {held}
+
+    await Holds(env.db, env.backend).remove(hold.id, actor="ops")
+    [third] = await retention.run_pass(later) or []
+    assert third.erased == (held,)
+
+    passes = await audit.entries(env.db, tenant_slug="acme",
+                                 action=audit.AuditAction.RETENTION_PASS)
+    assert [(e.count, e.target["ids"], e.target.get("skipped_held")) for e in passes] == [
+        (1, [held], None), (2, sorted([recent_date, undated]), [held]),
+        (2, sorted([by_internaldate, old_date]), [held])]
+    assert all(e.actor == "retention" and e.target["days"] == 30 for e in passes)
+    statuses = await env.queue.statuses(
+        [r["delete_job_id"] for r in await env.db.fetch("SELECT delete_job_id FROM mail_erasures")])
+    assert set(statuses.values()) == {JobStatus.SUCCEEDED}
+
+
+async def test_a_tenant_hold_stops_retention_and_the_file_sets_days(env: Env) -> None:
+    archive = Archive(env.db)
+    old = (await archive.store("acme", mail("golf", "Mon, 01 Jan 2001 00:00:00 +0000"))
+           ).archive_id
+    await env.settle()
+    settings = RetentionSettings(days=(("acme", 365),))
+    assert [(p.tenant_slug, p.days, p.source) for p in await policies(env.db, settings)] == [
+        ("acme", 365, "config")]
+    await Holds(env.db, env.backend).add("acme", "tenant", reason="litigation", actor="ops")
+    [result] = await Retention(env.db, env.backend, settings).run_pass(
+        datetime(2025, 1, 1, tzinfo=UTC)) or []
+    assert result.erased == () and result.skipped_held == (old,)
+    assert await archive.ids("acme") == [old]
+    # The database's setting wins over the file's; clearing it goes back.
+    await set_policy(env.db, "acme", 10, actor="ops")
+    assert [(p.days, p.source) for p in await policies(env.db, settings)] == [(10, "database")]
+    await set_policy(env.db, "acme", None, actor="ops")
+    assert [(p.days, p.source) for p in await policies(env.db, settings)] == [(365, "config")]
+
+
+async def test_one_pass_at_a_time(env: Env) -> None:
+    await set_policy(env.db, "acme", 30, actor="ops")
+    retention = Retention(env.db, env.backend, RetentionSettings())
+    async with env.db.acquire() as conn:
+        assert await conn.fetchval("SELECT pg_try_advisory_lock(1312902723, 0)")
+        assert await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC)) is None
+        await conn.fetchval("SELECT pg_advisory_unlock(1312902723, 0)")
+    results = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC))
+    assert results is not None and [r.erased for r in results] == [()]
+
+
+async def test_the_service_runs_a_pass_at_start(db: Database, database_url: str,
+                                                fast_settings: QueueSettings) -> None:
+    """``serve`` with a backend (what `run` does) holds the retention task in
+    its nursery: the configured days apply without any command."""
+    from functools import partial
+
+    from nexarch_events.index.postgres import PostgresIndex
+    from nexarch_events.service import serve
+    from nexarch_events.settings import ApiSettings
+
+    old = (await Archive(db).store("acme", mail("hotel", "Mon, 01 Jan 2001 00:00:00 +0000"))
+           ).archive_id
+    settings = Settings(queue=fast_settings, api=ApiSettings(enabled=False),
+                        retention=RetentionSettings(days=(("acme", 30),)))
+    backend = PostgresIndex(db)
+    async with trio.open_nursery() as nursery:
+        service = await nursery.start(partial(
+            serve, settings, Indexer(db, backend).handlers(), dsn=database_url,
+            backend=backend))
+        with trio.fail_after(30):
+            # until the pass has completed its audit row
+            while not [e for e in await audit.entries(db, tenant_slug="acme") if e.count]:
+                await trio.sleep(0.05)
+        service.cancel()
+    assert await Archive(db).ids("acme") == []
+    [entry] = await audit.entries(db, tenant_slug="acme")
+    assert entry.action == audit.AuditAction.RETENTION_PASS and entry.target["ids"] == [old]
