@@ -58,3 +58,12 @@ UPDATE mail_archive a
    SET index_notes = ARRAY(SELECT jsonb_array_elements_text(n.notes::jsonb))
   FROM unnest($1::bigint[], $2::text[], $3::text[]) AS n(id, tenant_slug, notes)
  WHERE a.id = n.id AND a.tenant_slug = n.tenant_slug;
+
+-- name: erased_among
+-- Which of the (tenant $1[i], archive id $2[i]) pairs were erased
+-- (mail_erasures, migration 0021): an index write for one of them is a late
+-- write that erasure raced, and is removed again (mail/indexer.py).
+SELECT e.tenant_slug, e.archive_id
+  FROM mail_erasures e
+  JOIN unnest($1::text[], $2::bigint[]) AS w(tenant_slug, archive_id)
+    ON e.tenant_slug = w.tenant_slug AND e.archive_id = w.archive_id;

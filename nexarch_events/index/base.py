@@ -342,7 +342,11 @@ class SearchResult:
 
 
 class IndexBackend(Protocol):
-    """What the workers and the search command need from an index."""
+    """What the workers and the search command need from an index.
+
+    A backend may set ``fences_in_database = True`` when its fenced writes
+    check the job's lease in the database itself (Postgres); otherwise the
+    Indexer looks up erased mail after each write and deletes it again."""
 
     name: str
 

@@ -240,6 +240,9 @@ def _log_fenced(what: str, sent: int, written: int,
 
 class PostgresIndex:
     name = "postgres"
+    #: Fenced writes check the job's lease in the same statement (above):
+    #: the Indexer need not look for erased mail after writing.
+    fences_in_database = True
 
     def __init__(self, db: Database, *, configs: Sequence[str] = DEFAULT_CONFIGS,
                  max_field_chars: int = DEFAULT_MAX_FIELD_CHARS,

@@ -142,6 +142,10 @@ class Indexer:
                                                    permanent=isinstance(exc, IndexRejected))
                 documents = [(j, d) for j, d in documents if d.tenant_slug != tenant]
         await self._upsert(documents, failures)
+        if not getattr(self.backend, "fences_in_database", False):
+            await self._unwrite_erased(
+                [(job, document) for job, document in documents if job.id not in failures],
+                failures)
         if notes:
             await self._record_notes(notes)
         return failures
@@ -185,6 +189,42 @@ class Indexer:
             middle = len(pairs) // 2
             await self._upsert(pairs[:middle], failures)
             await self._upsert(pairs[middle:], failures)
+
+    async def _unwrite_erased(self, written: list[tuple[ClaimedJob, IndexDocument]],
+                              failures: dict[JobId, Failure]) -> None:
+        """Remove again what was just written for mail erased meanwhile.
+
+        A backend whose writes cannot check the lease in the database
+        (Manticore: versions and tombstones, see index/manticore.py) keeps
+        an older write from overwriting a newer one, but a tombstone goes
+        with the tenant's table when a whole tenant is erased: a zombie's
+        write after that would create the table again and bring erased mail
+        back into search. Erased archive ids are never reused, so a document
+        for one is always wrong: look them up after every write, delete."""
+        if not written:
+            return
+        try:
+            rows = await self.db.fetch(_SQL["erased_among"],
+                                       [d.tenant_slug for _, d in written],
+                                       [d.archive_id for _, d in written])
+        except DatabaseUnavailable as exc:
+            for job, _ in written:
+                failures[job.id] = Failure(f"cannot check for erasures after the write: {exc}")
+            return
+        erased: dict[str, list[int]] = {}
+        for row in rows:
+            erased.setdefault(row["tenant_slug"], []).append(row["archive_id"])
+        for tenant, ids in erased.items():
+            log.warning("a late index write of erased mail was removed again tenant=%s "
+                        "archive_ids=%s", tenant, sorted(ids))
+            try:
+                await self.backend.delete(tenant, ids)
+            except (IndexUnavailable, IndexRejected) as exc:
+                for job, document in written:
+                    if document.tenant_slug == tenant and document.archive_id in ids:
+                        failures[job.id] = Failure(
+                            f"erased message {document.archive_id} was written to the index "
+                            f"and could not be removed again: {exc}")
 
     async def _record_notes(self, notes: dict[int, tuple[str, tuple[str, ...]]]) -> None:
         for archive_id, (tenant, message_notes) in notes.items():

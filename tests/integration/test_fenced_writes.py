@@ -20,6 +20,7 @@ import trio
 
 from nexarch_events.aio import Database
 from nexarch_events.index.base import IndexBackend, IndexDocument, SearchQuery, WriteFence
+from nexarch_events.lifecycle.erasure import Eraser
 from nexarch_events.mail.archive import Archive
 from nexarch_events.mail.indexer import Indexer
 from nexarch_events.models import ClaimedJob, JobId, JobStatus
@@ -152,6 +153,43 @@ async def test_a_zombie_index_write_after_an_erasure_leaves_the_message_unsearch
     assert stored.archive_id not in await backend.document_ids(TENANT)
     report = await verify(db, backend, TENANT)
     assert report.consistent, report
+
+
+async def test_a_zombie_write_after_its_whole_tenant_was_erased_finds_nothing_to_revive(
+        db: Database, backend: IndexBackend, fast_settings: QueueSettings) -> None:
+    """Erasing a tenant drops its index table, and with it Manticore's
+    tombstones: a zombie's late write would create the table again and bring
+    the erased message back. The Indexer looks up erased ids after a write
+    that the database could not fence (mail_erasures) and deletes them again."""
+    queue = Queue(db, fast_settings)
+    archive = Archive(db)
+    healthy = Indexer(db, backend)
+    gate = Gate(backend)
+    zombie = Indexer(db, gate)  # type: ignore[arg-type]
+    raw = next(iter(realistic_messages(1, seed=47)))
+    stored = await archive.store(TENANT, raw)
+    assert stored.job_id is not None
+
+    async with trio.open_nursery() as nursery:
+        claimed = await queue.claim(10, "zombie")
+        assert [j.id for j in claimed] == [stored.job_id]
+        nursery.start_soon(zombie.index_batch, claimed)
+        await gate.reached.wait()
+        await take_over(db, queue, claimed)
+        await run_alone(queue, healthy, stored.job_id)
+        assert await found(backend, unique_token(0)) == [stored.archive_id]
+        # Eraser.erase_tenant's order, with a fast worker: the batch's
+        # erasure commits, a worker runs its delete job (tombstone), then the
+        # tenant's table is dropped (the tombstone with it).
+        erased = await Eraser(db, backend).erase(TENANT, [stored.archive_id], actor="test")
+        [delete_job] = erased.delete_jobs
+        await run_alone(queue, healthy, delete_job)
+        await backend.drop_tenant(TENANT)
+        assert await found(backend, unique_token(0)) == []
+        gate.opened.set()  # the zombie writes what it parsed before the erasure
+    assert await found(backend, unique_token(0)) == []
+    assert await found(backend, "") == []
+    assert stored.archive_id not in await backend.document_ids(TENANT)
 
 
 async def test_a_zombie_delete_after_a_newer_index_leaves_the_document(
