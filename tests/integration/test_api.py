@@ -218,12 +218,13 @@ async def env(db: Database, database_url: str,
 
 @asynccontextmanager
 async def open_env(db: Database, database_url: str, fast_settings: QueueSettings,
-                   **api_changes: Any) -> AsyncIterator[Env]:
+                   listen_url: str | None = None, **api_changes: Any) -> AsyncIterator[Env]:
+    """``listen_url``: where the API's listener connects (default: database_url)."""
     tokens = Tokens()
     settings = Settings(queue=fast_settings, api=api_settings(tokens.settings(), **api_changes))
     backend = PostgresIndex(db)
     metrics = Metrics()
-    listener = Listener(database_url, fast_settings,
+    listener = Listener(listen_url or database_url, fast_settings,
                         channels=(MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL))
     service = QueueService(db, settings, Indexer(db, backend).handlers())
     service.pool.metrics = metrics
