@@ -17,7 +17,7 @@ import secrets
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -51,6 +51,8 @@ from nexarch_events.settings import ApiSettings, ApiToken, QueueSettings, Settin
 
 SPEC_URI = "urn:nexarch-events:openapi"
 KEEPALIVE_S = 0.5
+#: The API listener's ping timeout in these tests (see open_env).
+LISTENER_PING_TIMEOUT_S = 15.0
 
 
 # -- the spec ---------------------------------------------------------------------
@@ -224,7 +226,13 @@ async def open_env(db: Database, database_url: str, fast_settings: QueueSettings
     settings = Settings(queue=fast_settings, api=api_settings(tokens.settings(), **api_changes))
     backend = PostgresIndex(db)
     metrics = Metrics()
-    listener = Listener(listen_url or database_url, fast_settings,
+    # A ping slower than fast_settings' 0.5 s is no dead connection on a
+    # loaded machine, and a listener that reconnects for it makes /readyz
+    # answer 503. These tests cut it with pg_terminate_backend, noticed at
+    # once; none relies on the ping.
+    listener = Listener(listen_url or database_url,
+                        replace(fast_settings, listener_ping_timeout=max(
+                            fast_settings.listener_ping_timeout, LISTENER_PING_TIMEOUT_S)),
                         channels=(MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL))
     service = QueueService(db, settings, Indexer(db, backend).handlers())
     service.pool.metrics = metrics
