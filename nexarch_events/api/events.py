@@ -23,6 +23,16 @@ Commit order and id order can differ by the length of a transaction, so a
 client that drops the connection in exactly that window may miss or see
 again one event; ``/queue`` and ``/mailboxes`` are the truth.
 
+When the listener's connection drops, notifications sent meanwhile are
+gone: the stream says ``resync`` and replays from its watermark what the
+tables recorded, as on a resume. Until that replay is done, live events are
+held, not sent: one that arrives before the listener announces the
+reconnect (its first channel listens again before its second) would move
+the watermark past the missed ones. The replay reads the tables up to now,
+which includes every held event (each was committed before it was
+notified); then the held ones it did not cover (failures, duplicates,
+importer resyncs) follow, in id order.
+
 Order: every subscription gets Postgres' delivery order, which is commit
 order. The two channels are merged by arrival time, each event held back
 ``settle`` seconds so that one that arrived earlier on the other channel
@@ -181,6 +191,10 @@ class EventStream:
         self._mark = resume or Watermark(0, 0)
         self._announced_resync: float | None = None
         self._write: Write | None = None
+        #: listener.connections when this stream last caught up with the tables.
+        self._synced = 0
+        #: Live events that arrived while a replay was due (see the module doc).
+        self._held: list[tuple[str, Notification]] = []
 
     async def run(self, write: Write) -> None:
         self._write = write
@@ -189,6 +203,7 @@ class EventStream:
                 # Read before subscribing; the replay below covers the gap.
                 self._mark = await self._newest()
             subs = [self.listener.subscribe(channel) for channel in CHANNELS]
+            self._synced = self.listener.connections
         except NexarchError as exc:
             await self._error(exc)
             return
@@ -301,7 +316,10 @@ class EventStream:
                 continue
             channel, event = item
             if isinstance(event, Notification):
-                await self._on_notification(channel, event)
+                if self._replay_due():
+                    self._hold(channel, event)
+                else:
+                    await self._on_notification(channel, event)
                 continue
             # The listener reconnected (or we fell behind): notifications may
             # be lost. Say so (once: each subscription gets its own RESYNC),
@@ -313,7 +331,29 @@ class EventStream:
                     "v": 1, "event": "resync",
                     "reason": "notifications may have been missed: what the tables recorded "
                               "follows; reload the rest of the state (/queue, /mailboxes)"})
+            # Read first: a connection made during the replay needs its own.
+            connections = self.listener.connections
             await self._replay()
+            self._synced = connections
+            if not self._replay_due():
+                await self._release_held()
+
+    def _replay_due(self) -> bool:
+        """The listener lost its connection since this stream last replayed:
+        it is down, or back but its RESYNC has not been replayed yet."""
+        return not self.listener.connected or self.listener.connections != self._synced
+
+    def _hold(self, channel: str, note: Notification) -> None:
+        # Past the cap, drop: the replay covers all but the kinds it never
+        # replays (as when a slow client's buffer overflows).
+        if len(self._held) < MAX_PENDING:
+            self._held.append((channel, note))
+
+    async def _release_held(self) -> None:
+        """The held events the replay did not cover, in id order."""
+        held, self._held = _in_id_order(self._held), []
+        for channel, note in held:
+            await self._on_notification(channel, note)
 
     async def _on_notification(self, channel: str, note: Notification) -> None:
         data = note.json()
@@ -373,6 +413,30 @@ class EventStream:
     async def _send(self, chunk: bytes) -> None:
         assert self._write is not None
         await self._write(chunk)
+
+
+def _in_id_order(events: list[tuple[str, Notification]]) -> list[tuple[str, Notification]]:
+    """Per channel, the events that carry an id (an archive id, a job's
+    ids) sorted by it, in the places such events took; the rest stay."""
+    out = list(events)
+    for channel in CHANNELS:
+        places = [n for n, (ch, note) in enumerate(out)
+                  if ch == channel and _event_id(note) is not None]
+        ordered = sorted((out[n] for n in places), key=lambda item: _event_id(item[1]) or 0)
+        for place, item in zip(places, ordered, strict=True):
+            out[place] = item
+    return out
+
+
+def _event_id(note: Notification) -> int | None:
+    data = note.json()
+    if note.channel == MAIL_IMPORTED_CHANNEL:
+        found = data.get("archive_id") if data.get("duplicate") is False else None
+        return found if isinstance(found, int) and not isinstance(found, bool) else None
+    ids = data.get("ids")
+    numbers = [i for i in ids if isinstance(i, int) and not isinstance(i, bool)] \
+        if isinstance(ids, list) else []
+    return min(numbers) if numbers else None
 
 
 def _job_groups(jobs: Sequence[FinishedJob]) -> list[list[FinishedJob]]:

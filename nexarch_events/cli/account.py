@@ -16,11 +16,12 @@ from .common import EXIT_OK, Subparsers, jsonable
 from .mailbox import add_sign_in_arguments, sign_in_from_args
 
 
-def _accounts_call(url: str, fn: Any) -> Any:
+def _accounts_call(url: str, settings: Settings, fn: Any) -> Any:
     from ..importer.accounts import AccountRegistry
 
     async def go() -> Any:
-        async with Database.open(url, max_size=2) as db:
+        async with Database.open(url, max_size=2, command_timeout=settings.command_timeout,
+                                 statement_cache_size=settings.statement_cache_size) as db:
             return await fn(db, AccountRegistry(db))
 
     return aio_run(go)
@@ -37,7 +38,7 @@ def cmd_account_add(args: argparse.Namespace, settings: Settings, url: str) -> i
         use_idle=not args.no_idle, interval_seconds=args.interval,
         exclude_patterns=None if args.exclude is None else tuple(args.exclude),
         include_patterns=tuple(args.include or ()), all_mail_only=not args.every_folder)
-    account_id = _accounts_call(url, lambda db, r: r.add(account))
+    account_id = _accounts_call(url, settings, lambda db, r: r.add(account))
     print(f"registered account {args.tenant}/{args.name} id={account_id}: its folders are "
           "discovered by `run` (or now: nexarch-events account discover "
           f"{args.tenant} {args.name})")
@@ -59,7 +60,7 @@ def cmd_account_discover(args: argparse.Namespace, settings: Settings, url: str)
         finally:
             await sign_in.aclose()
 
-    found = _accounts_call(url, go)
+    found = _accounts_call(url, settings, go)
     print(json.dumps({"account": f"{args.tenant}/{args.name}", "listed": found.listed,
                       "archived": found.archived, "new": found.created, "gone": found.gone,
                       "name_taken_by_a_registered_mailbox": found.conflicts},
@@ -68,7 +69,7 @@ def cmd_account_discover(args: argparse.Namespace, settings: Settings, url: str)
 
 
 def cmd_account_list(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    rows = _accounts_call(url, lambda db, r: r.overview(args.tenant))
+    rows = _accounts_call(url, settings, lambda db, r: r.overview(args.tenant))
     if args.json:
         print(json.dumps([jsonable(r) for r in rows], indent=2, ensure_ascii=False))
         return EXIT_OK
@@ -102,7 +103,7 @@ def _folder_line(f: dict[str, Any]) -> str:
 
 
 def cmd_account_remove(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    _accounts_call(url, lambda db, r: r.remove(args.tenant, args.name))
+    _accounts_call(url, settings, lambda db, r: r.remove(args.tenant, args.name))
     print(f"removed account {args.tenant}/{args.name} and its folders' mailboxes "
           "(archived mail stays)")
     return EXIT_OK

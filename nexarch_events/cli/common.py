@@ -102,11 +102,12 @@ def queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
     return aio_run(go)
 
 
-def registry_call(url: str, fn: Callable[[Any], Any]) -> Any:
+def registry_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
     from ..importer.mailboxes import MailboxRegistry
 
     async def go() -> Any:
-        async with Database.open(url, max_size=1) as db:
+        async with Database.open(url, max_size=1, command_timeout=settings.command_timeout,
+                                 statement_cache_size=settings.statement_cache_size) as db:
             return await fn(MailboxRegistry(db))
 
     return aio_run(go)

@@ -129,14 +129,15 @@ def cmd_mailbox_add(args: argparse.Namespace, settings: Settings, url: str) -> i
                            tls_mode=args.tls, username=args.user, password_ref=ref,
                            folder=args.folder, ca_file=args.ca_file,
                            use_idle=not args.no_idle, oauth=oauth)
-    mailbox_id = registry_call(url, lambda r: r.add(config, interval_seconds=args.interval))
+    mailbox_id = registry_call(url, settings,
+                               lambda r: r.add(config, interval_seconds=args.interval))
     print(f"registered mailbox {args.tenant}/{args.name} id={mailbox_id} "
           f"(sign-in: {config.auth_method})")
     return EXIT_OK
 
 
 def cmd_mailbox_list(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    rows = registry_call(url, lambda r: r.list(args.tenant))
+    rows = registry_call(url, settings, lambda r: r.list(args.tenant))
     if args.json:
         print(json.dumps([jsonable(row) for row in rows], indent=2))
         return EXIT_OK
@@ -176,7 +177,7 @@ def cmd_mailbox_set_interval(args: argparse.Namespace, settings: Settings, url: 
         await registry.get(args.tenant, args.name)
         await StateStore(registry.db).set_interval(args.tenant, args.name, args.seconds)
 
-    registry_call(url, go)
+    registry_call(url, settings, go)
     print(f"{args.tenant}/{args.name}: sync every {args.seconds} s")
     return EXIT_OK
 
@@ -189,7 +190,7 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
         async def request(registry: Any) -> None:
             await StateStore(registry.db).request_sync(args.tenant, args.name)
 
-        registry_call(url, request)
+        registry_call(url, settings, request)
         print(f"{args.tenant}/{args.name}: sync requested from running importers")
         return EXIT_OK
 
@@ -207,7 +208,7 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
         finally:
             await sign_in.aclose()
 
-    report = registry_call(url, go)
+    report = registry_call(url, settings, go)
     print(json.dumps({"mailbox": f"{args.tenant}/{args.name}", "mode": report.mode,
                       "uidvalidity": report.uidvalidity, "imported": report.imported,
                       "duplicates": report.duplicates, "recovered": report.recovered,
@@ -219,7 +220,7 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
 
 def cmd_mailbox_enable(args: argparse.Namespace, settings: Settings, url: str) -> int:
     enabled = args.mailbox_command == "enable"
-    registry_call(url, lambda r: r.set_enabled(args.tenant, args.name, enabled))
+    registry_call(url, settings, lambda r: r.set_enabled(args.tenant, args.name, enabled))
     print(f"{args.tenant}/{args.name}: import {'enabled' if enabled else 'paused'} "
           "(running services pick this up within NEXARCH_IMPORT_RELOAD_INTERVAL)")
     return EXIT_OK
@@ -233,8 +234,8 @@ def cmd_mailbox_failures(args: argparse.Namespace, settings: Settings, url: str)
         return await StateStore(registry.db).failures(args.tenant, args.name)
 
     if args.retry is not None or args.clear is not None:
-        return _failure_action(args, url)
-    rows = [dict(r) for r in registry_call(url, go)]
+        return _failure_action(args, settings, url)
+    rows = [dict(r) for r in registry_call(url, settings, go)]
     if args.json:
         print(json.dumps(jsonable(rows), indent=2))
         return EXIT_OK
@@ -246,7 +247,7 @@ def cmd_mailbox_failures(args: argparse.Namespace, settings: Settings, url: str)
     return EXIT_OK
 
 
-def _failure_action(args: argparse.Namespace, url: str) -> int:
+def _failure_action(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from ..errors import JobNotFound
     from ..importer.state import StateStore
 
@@ -263,7 +264,7 @@ def _failure_action(args: argparse.Namespace, url: str) -> int:
             return found
         return await store.clear_failure(args.tenant, args.name, uid)
 
-    if not registry_call(url, go):
+    if not registry_call(url, settings, go):
         raise JobNotFound(f"{args.tenant}/{args.name}: no recorded failure for UID {uid}")
     if retry:
         print(f"{args.tenant}/{args.name}: UID {uid} will be retried (sync requested)")
@@ -273,7 +274,7 @@ def _failure_action(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_mailbox_remove(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    registry_call(url, lambda r: r.remove(args.tenant, args.name))
+    registry_call(url, settings, lambda r: r.remove(args.tenant, args.name))
     print(f"removed mailbox {args.tenant}/{args.name} (archived mail stays)")
     return EXIT_OK
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import trio
 
@@ -283,3 +284,50 @@ async def test_failing_messages_show_in_the_list_and_can_be_retried_or_cleared(
     assert [(r["uid"], r["attempts"]) for r in rows] == [(2, 0)]
     state = await StateStore(db).get("acme", "inbox")
     assert state.sync_requested_at is not None  # --retry asks running services
+
+
+def test_sync_now_records_a_password_it_cannot_read_on_the_mailbox(
+        database_url: str, dovecot: Dovecot, imap_folder: str) -> None:
+    """As the run process does: the failed attempt is on the mailbox state,
+    where ``mailbox list`` (and /mailboxes) show it."""
+    assert register(database_url, dovecot, imap_folder, "inbox").returncode == 0
+    failed = cli("mailbox", "sync-now", "acme", "inbox", url=database_url)
+    assert failed.returncode == 2 and "ALICE_PASSWORD is not set" in failed.stderr
+    [listed] = json.loads(cli("mailbox", "list", "--json", url=database_url).stdout)
+    assert "ALICE_PASSWORD is not set" in (listed["last_error"] or ""), listed
+    assert listed["last_attempt_at"] is not None and listed["last_success_at"] is None
+
+
+def test_registry_commands_give_up_after_the_configured_command_timeout(
+        database_url: str) -> None:
+    """``mailbox``/``account`` commands use NEXARCH_COMMAND_TIMEOUT like the
+    rest: a table another session keeps locked fails them in about that long,
+    not after asyncpg's default 60 s."""
+    assert cli("migrate", url=database_url).returncode == 0
+    locker = subprocess.Popen(
+        ["psql", database_url, "-v", "ON_ERROR_STOP=1", "-c",
+         "BEGIN; LOCK TABLE mail_import_mailboxes, mail_import_accounts "
+         "IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(120);"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        probe = ["psql", database_url, "-Atc",
+                 "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                 "WHERE c.relname = 'mail_import_mailboxes' AND l.mode = 'AccessExclusiveLock' "
+                 "AND l.granted"]
+        for _ in range(300):
+            if subprocess.run(probe, capture_output=True, text=True, check=True)\
+                    .stdout.strip() == "1":
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("the locking session did not take its lock")
+        for args in (("mailbox", "list"), ("mailbox", "disable", "acme", "inbox"),
+                     ("account", "list")):
+            # Generous: well below the 60 s default, far above the 1 s set.
+            done = cli(*args, url=database_url, timeout=45,
+                       env={"NEXARCH_COMMAND_TIMEOUT": "1"})
+            assert done.returncode == 3, (args, done.returncode, done.stderr[-500:])
+            assert "database" in done.stderr, done.stderr[-500:]
+    finally:
+        locker.kill()
+        locker.wait()

@@ -63,6 +63,8 @@ from nexarch_events.settings import (
 
 SPEC_URI = "urn:nexarch-events:openapi"
 KEEPALIVE_S = 0.5
+#: The API listener's ping timeout in these tests (see open_env).
+LISTENER_PING_TIMEOUT_S = 15.0
 
 
 # -- the spec ---------------------------------------------------------------------
@@ -233,13 +235,20 @@ async def env(db: Database, database_url: str,
 @asynccontextmanager
 async def open_env(db: Database, database_url: str, fast_settings: QueueSettings,
                    retention: RetentionSettings | None = None,
-                   **api_changes: Any) -> AsyncIterator[Env]:
+                   listen_url: str | None = None, **api_changes: Any) -> AsyncIterator[Env]:
+    """``listen_url``: where the API's listener connects (default: database_url)."""
     tokens = Tokens()
     settings = Settings(queue=fast_settings, api=api_settings(tokens.settings(), **api_changes),
                         retention=retention or RetentionSettings())
     backend = PostgresIndex(db)
     metrics = Metrics()
-    listener = Listener(database_url, fast_settings,
+    # A ping slower than fast_settings' 0.5 s is no dead connection on a
+    # loaded machine, and a listener that reconnects for it makes /readyz
+    # answer 503. These tests cut it with pg_terminate_backend, noticed at
+    # once; none relies on the ping.
+    listener = Listener(listen_url or database_url,
+                        replace(fast_settings, listener_ping_timeout=max(
+                            fast_settings.listener_ping_timeout, LISTENER_PING_TIMEOUT_S)),
                         channels=(MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL))
     service = QueueService(db, settings, Indexer(db, backend).handlers())
     service.pool.metrics = metrics

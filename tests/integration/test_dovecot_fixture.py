@@ -10,6 +10,7 @@ from __future__ import annotations
 import imaplib
 import socket
 import ssl
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +192,20 @@ def test_ensure_dovecot_says_what_to_install(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(RuntimeError, match="apt-get install dovecot-imapd"):
         dovecot_module.ensure_dovecot()
+
+
+def test_idle_checks_the_mailbox_every_second_without_inotify(server: Dovecot) -> None:
+    """IDLE pushes come from inotify; the mail user's inotify instances are
+    shared by every Dovecot on the machine (fs.inotify.max_user_instances,
+    128), and when parallel suites use them up Dovecot falls back to checking
+    every mailbox_idle_check_interval. At Dovecot's default of 30 s, a new
+    message reached an IDLE session after 29.7 s (measured with inotify made
+    to fail), so tests/acceptance/test_run.py, which allows 30 s, failed when
+    its importer was in IDLE before the message came. The fixture's config
+    makes the fallback a second (0.7 s measured the same way)."""
+    doveconf = dovecot_module._which("doveconf")
+    assert doveconf is not None
+    shown = subprocess.run([doveconf, "-c", str(server.config_path), "-h",
+                            "mailbox_idle_check_interval"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert shown == "1 secs", shown

@@ -728,6 +728,13 @@ namespace inbox {{
 }}
 # Test data: no fsync (a killed Dovecot loses nothing the kernel has).
 mail_fsync = never
+# IDLE hears of new mail through inotify; when the mail user's inotify
+# instances run out (fs.inotify.max_user_instances, 128, shared by every
+# Dovecot of that user on the machine: parallel suites), Dovecot warns
+# "Inotify instance limit ... exceeded, disabling" and checks only every
+# mailbox_idle_check_interval, 30 s by default: tests that wait for an IDLE
+# push then time out. Check every second instead.
+mailbox_idle_check_interval = 1 secs
 
 # Room for tests that open many connections (service_count = 1 logins).
 default_process_limit = 500

@@ -7,6 +7,12 @@ to both ends the peer simply goes silent (no FIN, no RST), like a half-open
 connection after a network partition or a host that vanished. Connections
 made afterwards are forwarded normally. The held sockets are closed when the
 proxy stops.
+
+``gate(pattern)`` holds the first chunk a client sends that contains
+``pattern`` (a query's text, say) until the test opens the gate: the client
+waits for its answer, as behind a slow link, with the statements before it
+done. A chunk is what one ``recv`` returned; the statements gated on here are
+far smaller than one packet.
 """
 
 from __future__ import annotations
@@ -15,6 +21,19 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import trio
+
+
+class Gate:
+    """One held statement: ``reached`` is set once a client sent it (and it
+    is held); ``open()`` forwards it."""
+
+    def __init__(self, pattern: bytes) -> None:
+        self.pattern = pattern
+        self.reached = trio.Event()
+        self._opened = trio.Event()
+
+    def open(self) -> None:
+        self._opened.set()
 
 
 @dataclass(eq=False)
@@ -47,6 +66,7 @@ class TcpProxy:
         #: but not the close itself: the connection goes silent instead, as
         #: if the FIN were lost (or, for a client, late).
         self.swallow_server_close = False
+        self._gates: list[Gate] = []
 
     @classmethod
     def for_url(cls, url: str) -> TcpProxy:
@@ -77,6 +97,13 @@ class TcpProxy:
                 pair.scope.cancel()
                 count += 1
         return count
+
+    def gate(self, pattern: bytes) -> Gate:
+        """Hold the next client chunk containing ``pattern`` (on any
+        connection) until the returned gate is opened. One-shot."""
+        gate = Gate(pattern)
+        self._gates.append(gate)
+        return gate
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -115,6 +142,8 @@ class TcpProxy:
                 data = await src.receive_some(65536)
                 if not data:
                     break
+                if not from_server:
+                    await self._pass_gates(data)
                 await dst.send_all(data)
                 pair.forwarded += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -124,3 +153,9 @@ class TcpProxy:
         # One side closed: close the pair (a clean close is forwarded as one),
         # or hold it, silent, if it was blackholed.
         pair.scope.cancel()
+
+    async def _pass_gates(self, data: bytes) -> None:
+        for gate in [g for g in self._gates if g.pattern in data]:
+            self._gates.remove(gate)
+            gate.reached.set()
+            await gate._opened.wait()

@@ -1,0 +1,114 @@
+"""``/events`` across a reconnect of the API's LISTEN connection, with the
+reconnect held at chosen points on the wire (tests/support/tcp_proxy.py):
+the listener's connection is killed for real (pg_terminate_backend), its new
+connection is held before each LISTEN, mail is archived while nothing
+listens, and one message right after the first channel listens again, so
+its notification arrives before the listener announces the reconnect."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.queue.notify import MAIL_IMPORTED_CHANNEL, Notification
+from nexarch_events.settings import QueueSettings
+from tests.integration.test_api import (
+    Sse,
+    imported_ids,
+    job_ids,
+    message,
+    open_env,
+    open_events,
+)
+from tests.support.tcp_proxy import TcpProxy
+
+
+async def test_a_live_event_that_beats_the_resync_does_not_skip_the_replay(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    proxy = TcpProxy.for_url(database_url)
+    # The listener's statements time out after twice this: longer than the
+    # test holds its LISTENs.
+    settings = replace(fast_settings, listener_ping_timeout=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        async with open_env(db, database_url, settings,
+                            listen_url=proxy.url(database_url)) as env, \
+                open_events(env, env.tokens.acme) as events:
+            listener = env.ctx.listener
+            assert (await events.next()).event == "open"
+            received: list[Sse] = []
+
+            async def read() -> None:
+                while True:
+                    received.append(await events.next(within=3600))
+
+            async def wait_for(done: Callable[[], bool]) -> None:
+                with trio.fail_after(30):
+                    while not done():
+                        await trio.sleep(0.02)
+
+            async with trio.open_nursery() as reading:
+                reading.start_soon(read)
+                [before] = await env.import_mail("acme", "inbox", [message("pre-kill")])
+                await wait_for(lambda: before.job_id in job_ids(received))
+                del received[:]
+
+                first_listen = proxy.gate(b'LISTEN "nexarch_mail_imported"')
+                second_listen = proxy.gate(b'LISTEN "nexarch_job_events"')
+                old_pid = listener.backend_pid
+                assert await db.fetchval("SELECT pg_terminate_backend($1)", old_pid)
+                with trio.fail_after(30):
+                    # Reconnected (and self-checked), its first LISTEN held: nothing
+                    # is listened to now, so these are never notified to the stream.
+                    await first_listen.reached.wait()
+                assert not listener.connected
+                during = await env.import_mail("acme", "inbox",
+                                               [message(f"while-down{n}") for n in range(3)])
+                await env.wait_finished([s.job_id for s in during])
+
+                first_listen.open()
+                with trio.fail_after(30):
+                    # The mail-imported channel listens again; the listener has not
+                    # announced the reconnect (RESYNC) yet.
+                    await second_listen.reached.wait()
+                watch = listener.subscribe(MAIL_IMPORTED_CHANNEL)
+                try:
+                    [after] = await env.import_mail("acme", "inbox", [message("right-after")])
+                    with trio.fail_after(30):
+                        while True:
+                            note = await watch.receive()
+                            if isinstance(note, Notification) \
+                                    and note.json().get("archive_id") == after.archive_id:
+                                break
+                finally:
+                    listener.unsubscribe(watch)
+                assert not listener.connected
+                # Give the stream time to act on that notification before the
+                # reconnect is announced (before the fix it sent it at once, and
+                # its id moved the replay's starting point past the missed ones).
+                await trio.sleep(1.0)
+                second_listen.open()
+
+                expected_archive = [s.archive_id for s in during] + [after.archive_id]
+                expected_jobs = {s.job_id for s in during} | {after.job_id}
+                with trio.move_on_after(30):
+                    await wait_for(lambda: set(expected_archive) <= set(imported_ids(received))
+                                   and expected_jobs <= set(job_ids(received)))
+                await trio.sleep(1.0)  # anything sent twice would come now
+                assert listener.backend_pid not in (None, old_pid)
+
+                kinds = [e.event for e in received]
+                assert "resync" in kinds, kinds
+                # Every message once, in id order, the replayed ones before the
+                # live one that overtook the reconnect's announcement.
+                assert imported_ids(received) == expected_archive, [
+                    (e.event, e.data.get("archive_id"), e.data.get("replayed")) for e in received]
+                assert sorted(job_ids(received)) == sorted(expected_jobs)
+                assert kinds.index("resync") < kinds.index("imported")
+                marks = [int(e.id.split(".")[0]) for e in received if e.id]
+                assert marks == sorted(marks) and marks[-1] == after.archive_id
+                reading.cancel_scope.cancel()
+        nursery.cancel_scope.cancel()
