@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import trio
 
@@ -30,8 +31,23 @@ def register(url: str, dovecot: Dovecot, folder: str, name: str = "inbox",
 
 def env_for(dovecot: Dovecot, url: str) -> dict[str, str]:
     environ = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
-    environ.update(NEXARCH_DATABASE_URL=url, ALICE_PASSWORD=dovecot.users["alice"])
+    # Any free port for the API: a second suite running beside this one
+    # holds 8080, and a ``run`` that cannot bind exits 2 before importing.
+    environ.update(NEXARCH_DATABASE_URL=url, NEXARCH_API_PORT="0",
+                   ALICE_PASSWORD=dovecot.users["alice"])
     return environ
+
+
+def tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+async def exits_early(proc: trio.Process, log: Path, watching: trio.CancelScope) -> None:
+    """Fails the test at once, with the service's log, when ``run`` exits
+    before the test stops it (instead of a silent wait for mail)."""
+    with watching:
+        code = await proc.wait()
+        raise AssertionError(f"nexarch-events run exited {code} early:\n{tail(log)}")
 
 
 def test_mailbox_lifecycle(database_url: str, dovecot: Dovecot, imap_folder: str) -> None:
@@ -146,15 +162,18 @@ async def test_sigkill_mid_sync_loses_nothing_and_doubles_nothing(
 
 
 async def test_run_imports_new_mail_through_idle_within_a_second(
-        db: Database, dovecot: Dovecot, imap_folder: str) -> None:
+        db: Database, dovecot: Dovecot, imap_folder: str, tmp_path: Path) -> None:
     assert register(db.dsn, dovecot, imap_folder, "inbox", "--interval", "3600").returncode == 0
     dovecot.append("alice", imap_folder, next(realistic_messages(1, seed=21)))
     environ = env_for(dovecot, db.dsn)
-    with trio.fail_after(120):
-        async with record_imports(db.dsn) as rec:
+    log = tmp_path / "run.log"
+    with trio.fail_after(120), log.open("wb") as log_file:
+        async with record_imports(db.dsn) as rec, trio.open_nursery() as watch:
             proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "nexarch_events", "run"], env=environ,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                stdout=subprocess.DEVNULL, stderr=log_file)
+            watching = trio.CancelScope()
+            watch.start_soon(exits_early, proc, log, watching)
             try:
                 await rec.wait_for_imported(count=1, timeout=60)  # the first sync
                 # Wait until the importer holds IDLE (a second connection).
@@ -177,8 +196,9 @@ async def test_run_imports_new_mail_through_idle_within_a_second(
                 assert sorted(latencies)[1] < 1.0, latencies
                 assert max(latencies) < 2.0, latencies
                 # SIGTERM: a clean exit, no job left processing.
+                watching.cancel()
                 proc.send_signal(signal.SIGTERM)
-                assert await proc.wait() == 0
+                assert await proc.wait() == 0, tail(log)
             finally:
                 if proc.returncode is None:
                     proc.kill()
