@@ -342,13 +342,14 @@ class SearchResult:
 
 
 class IndexBackend(Protocol):
-    """What the workers and the search command need from an index.
-
-    A backend may set ``fences_in_database = True`` when its fenced writes
-    check the job's lease in the database itself (Postgres); otherwise the
-    Indexer looks up erased mail after each write and deletes it again."""
+    """What the workers and the search command need from an index."""
 
     name: str
+    #: True when the backend's fenced writes check the job's lease and the
+    #: erasures in the database itself, in the write's own transaction
+    #: (Postgres). False: the Indexer looks up erased mail after each write
+    #: and deletes it again (Manticore, which cannot read Postgres).
+    fences_in_database: bool
 
     async def ensure_schema(self, tenant_slug: str) -> None:
         """Create what this tenant's documents need (idempotent)."""

@@ -468,6 +468,7 @@ class ManticoreBackend:
     """
 
     name = "manticore"
+    fences_in_database = False  # the Indexer re-checks erasures after each write
 
     def __init__(self, base_url: str, *, table_prefix: str = "nexarch_mail_",
                  timeout: float = 30.0, transport: httpx.AsyncBaseTransport | None = None,

@@ -90,6 +90,11 @@ def _parse(stored: StoredMessage, max_text_chars: int
 class Indexer:
     def __init__(self, db: Database, backend: IndexBackend, *,
                  max_text_chars: int = mime.DEFAULT_MAX_TEXT_CHARS) -> None:
+        if not isinstance(getattr(backend, "fences_in_database", None), bool):
+            # Checked here, not at the first write: guessing would either
+            # skip the erasure re-check or pay for it on every batch.
+            raise TypeError(f"index backend {type(backend).__name__} must declare "
+                            "fences_in_database (see IndexBackend)")
         self.db = db
         self.archive = Archive(db)
         self.backend = backend
@@ -142,7 +147,7 @@ class Indexer:
                                                    permanent=isinstance(exc, IndexRejected))
                 documents = [(j, d) for j, d in documents if d.tenant_slug != tenant]
         await self._upsert(documents, failures)
-        if not getattr(self.backend, "fences_in_database", False):
+        if not self.backend.fences_in_database:
             await self._unwrite_erased(
                 [(job, document) for job, document in documents if job.id not in failures],
                 failures)

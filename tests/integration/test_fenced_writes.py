@@ -91,6 +91,7 @@ class Gate:
     def __init__(self, inner: IndexBackend) -> None:
         self.inner = inner
         self.name = inner.name
+        self.fences_in_database = inner.fences_in_database
         self.reached = trio.Event()
         self.opened = trio.Event()
 
@@ -258,7 +259,7 @@ class Zombies:
     def __init__(self, inner: IndexBackend, db: Database, queue: Queue, *, seed: int,
                  share: float = 0.3, at_once: int = 2) -> None:
         self.inner, self.db, self.queue = inner, db, queue
-        self.name = inner.name
+        self.name, self.fences_in_database = inner.name, inner.fences_in_database
         self.random = random.Random(seed)
         self.share, self.at_once = share, at_once
         self.active = 0
