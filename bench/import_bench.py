@@ -957,8 +957,8 @@ def print_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
                f"(wall {s['seconds']} s, 2 cores)")
             wall = s["seconds"]
             rest = wall - i["seconds"] - rp["seconds"]
-            pr("    what bounds it (share of the sync's wall time; the sync fetches a batch, "
-               "then stores it, never both at once):")
+            pr("    what bounds it (share of the sync's wall time; the sync streams, storing "
+               "each message while the next ones arrive):")
             pr(f"      a. IMAP only      {i['seconds']:7.2f} s  {i['seconds'] / wall:5.2f} x  "
                f"({i['msgs_per_s']} msg/s: body fetch {i['fetch_s']} s, parse_fetch "
                f"{i['parse_s']} s, size probes {i['probe_s']} s, login {i['login_s']} s)")
