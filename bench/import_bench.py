@@ -9,7 +9,7 @@ durable throwaway server of our own). Nothing in the package is changed; part
    trimmed so that their sizes spread uniformly over 2-50 KB, all unique, are
    appended to a Dovecot folder; then ONE first sync with ``run_sync``
    (default ImportLimits; one committed transaction per message) is timed:
-   messages/s and MB/s, target >= 400 messages/s. Then, in the same run,
+   messages/s and MB/s, target >= 1,000 messages/s. Then, in the same run,
    what bounds it:
      a. IMAP only: the same folder read through ``ImapSession`` (EXAMINE,
         UID SEARCH, the size probes, UID FETCH (UID RFC822.SIZE BODY.PEEK[])
@@ -126,7 +126,7 @@ USER = "alice"
 PASSWORD_ENV = "BENCH_IMAP_PASSWORD"
 MIN_SIZE, MAX_SIZE = 2 * 1024, 50 * 1024
 ARRIVAL_START = 1_000_000  # token numbers of part 2's messages (unique_token(n))
-TARGET_RATE = 400.0
+TARGET_RATE = 1000.0  # issue 10 (issue 4 asked for 400)
 TARGET_P50_MS, TARGET_P99_MS = 150.0, 500.0
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _APPENDUID = re.compile(rb"\[APPENDUID \d+ (\d+)\]", re.IGNORECASE)
