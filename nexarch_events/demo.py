@@ -287,7 +287,7 @@ class Demo:
 
     async def _run(self) -> None:
         async with Database.open(self.url, max_size=self.settings.queue.workers + 2,
-                                 command_timeout=self.settings.command_timeout) as db:
+                                 **self.settings.pool_options()) as db:
             await migrate(db)
             async with open_index(self.settings, db) as backend, \
                     trio.open_nursery() as nursery:

@@ -125,10 +125,9 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
         channels += (MAIL_IMPORTED_CHANNEL,)
     name = name or default_worker_name()
     async with Database.open(dsn, max_size=settings.pool_size,
-                             command_timeout=settings.command_timeout,
                              connect_timeout=min(10.0, settings.command_timeout),
                              application_name=f"nexarch-events/pool/{name}",
-                             statement_cache_size=settings.statement_cache_size) as db:
+                             **settings.pool_options()) as db:
         await migrate(db)
         service = QueueService(db, settings, handlers, name=name, listen_job_events=api,
                                extra_channels=channels)

@@ -9,7 +9,7 @@ import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Self
+from typing import Any, Self
 from urllib.parse import urlsplit
 
 from .errors import ConfigurationError
@@ -371,6 +371,15 @@ class Settings:
         """asyncpg's per-connection prepared-statement cache: off behind a
         transaction pooler (listen_database_url set), else asyncpg's default."""
         return 0 if self.listen_database_url is not None else 100
+
+    def pool_options(self) -> dict[str, Any]:
+        """What every pool the service and the CLI open takes from these
+        settings: ``Database.open(url, max_size=..., **settings.pool_options())``.
+        Behind a transaction pooler (listen_database_url set), statements are
+        not cached and session locks take a direct connection."""
+        return {"command_timeout": self.command_timeout,
+                "statement_cache_size": self.statement_cache_size,
+                "session_dsn": self.listen_database_url}
 
     def with_queue(self, **changes: object) -> Settings:
         return replace(self, queue=replace(self.queue, **changes))  # type: ignore[arg-type]

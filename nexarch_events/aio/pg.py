@@ -258,17 +258,21 @@ class Database(Executor):
     the statement itself.
 
     Pooled connections keep no session state (no SET, no LISTEN - the
-    listener has its own connection - no session advisory locks), so a
-    connection goes back as it is, after a ROLLBACK if a transaction was left
-    open. One that broke, whose call was cancelled mid-statement, or that
-    belongs to an expired generation (see ``_run``) is closed instead and
-    replaced on a later call.
+    listener has its own connection), so a connection goes back as it is,
+    after a ROLLBACK if a transaction was left open. One that broke, whose
+    call was cancelled mid-statement, or that belongs to an expired
+    generation (see ``_run``) is closed instead and replaced on a later call.
+    What needs session state for a while (a session advisory lock) takes a
+    ``session()``.
     """
 
-    def __init__(self, dsn: str, *, max_size: int, connect: Callable[[], Awaitable[Any]]
-                 ) -> None:
+    def __init__(self, dsn: str, *, max_size: int, connect: Callable[[], Awaitable[Any]],
+                 session_connect: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.dsn = dsn
         self._connect = connect
+        self._session_connect = session_connect
+        # Direct session connections are bounded like the pool's own.
+        self._session_slots = trio.Semaphore(max_size)
         self._slots = trio.Semaphore(max_size)
         self._idle: list[tuple[int, asyncpg.Connection]] = []
         self._generation = 0
@@ -280,27 +284,35 @@ class Database(Executor):
                    connect_timeout: float = 10.0,
                    command_timeout: float | None = 60.0,
                    application_name: str | None = None,
-                   statement_cache_size: int = 100) -> AsyncIterator[Database]:
+                   statement_cache_size: int = 100,
+                   session_dsn: str | None = None) -> AsyncIterator[Database]:
         """Open a pool; blocks until ``min_size`` connections are up.
 
         Connections that break (Postgres restarted, network cut) are replaced
         on a later call; the failing call raises DatabaseUnavailable.
         ``command_timeout`` bounds every statement, so a half-open connection
         (no FIN, no RST) raises DatabaseUnavailable too instead of hanging
-        until the kernel gives up (minutes).
+        until the kernel gives up (minutes). When ``dsn`` is a transaction
+        pooler: ``statement_cache_size=0``, and ``session_dsn`` the server
+        itself, for ``session()``.
         """
         if not 0 <= min_size <= max_size or max_size < 1:
             raise ValueError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max "
                              f"({max_size}) and max >= 1")
 
-        async def connect() -> Any:
-            with trio.fail_after(connect_timeout + 1):
-                return await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
-                                  command_timeout=command_timeout,
-                                  statement_cache_size=statement_cache_size,
-                                  server_settings=_server_settings(application_name))
+        def connector(url: str, cache: int, name: str | None) -> Callable[[], Awaitable[Any]]:
+            async def connect() -> Any:
+                with trio.fail_after(connect_timeout + 1):
+                    return await _hop(asyncpg.connect, url, timeout=connect_timeout,
+                                      command_timeout=command_timeout,
+                                      statement_cache_size=cache,
+                                      server_settings=_server_settings(name))
+            return connect
 
-        db = cls(dsn, max_size=max_size, connect=connect)
+        connect = connector(dsn, statement_cache_size, application_name)
+        db = cls(dsn, max_size=max_size, connect=connect, session_connect=None if (
+            session_dsn is None) else connector(
+                session_dsn, 100, application_name and f"{application_name}/session"))
         try:
             for _ in range(min_size):
                 db._idle.append((db._generation, await connect()))
@@ -382,6 +394,28 @@ class Database(Executor):
             raise
         finally:
             await self._give(generation, conn, reusable=reusable)
+
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[Connection]:
+        """One connection for the whole block, whose session state (a
+        session advisory lock) lasts as long: one of the pool's, or - when
+        the pool goes through a transaction pooler, which runs each statement
+        on whichever server connection is free, so a lock would stay behind
+        on one nobody owns - a connection of its own to ``session_dsn``,
+        closed at the end (the server then drops whatever it still held)."""
+        if self._session_connect is None:
+            async with self.acquire() as conn:
+                yield conn
+            return
+        if self._closed:
+            raise DatabaseUnavailable("the connection pool is closed")
+        async with self._session_slots:
+            own = Connection(await self._session_connect())
+            try:
+                yield own
+            finally:
+                await own.aclose()
 
 
 async def _close_quietly(conn: Any) -> None:

@@ -97,11 +97,10 @@ async def serve_api(ctx: ApiContext, *,
         if ctx.streams_db is None:
             ctx = replace(ctx, streams_db=await stack.enter_async_context(Database.open(
                 ctx.db.dsn, min_size=0, max_size=STREAM_POOL_SIZE,
-                command_timeout=ctx.settings.command_timeout)))
+                **ctx.settings.pool_options())))
         if ctx.probe_db is None:
             ctx = replace(ctx, probe_db=await stack.enter_async_context(Database.open(
-                ctx.db.dsn, min_size=0, max_size=1,
-                command_timeout=ctx.settings.command_timeout)))
+                ctx.db.dsn, min_size=0, max_size=1, **ctx.settings.pool_options())))
         app = create_app(ctx)
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(partial(

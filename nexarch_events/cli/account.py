@@ -20,8 +20,7 @@ def _accounts_call(url: str, settings: Settings, fn: Any) -> Any:
     from ..importer.accounts import AccountRegistry
 
     async def go() -> Any:
-        async with Database.open(url, max_size=2, command_timeout=settings.command_timeout,
-                                 statement_cache_size=settings.statement_cache_size) as db:
+        async with Database.open(url, max_size=2, **settings.pool_options()) as db:
             return await fn(db, AccountRegistry(db))
 
     return aio_run(go)

@@ -83,8 +83,7 @@ def with_index(url: str, settings: Settings, fn: Callable[[Any, Any], Any]) -> A
     from ..index.factory import open_index
 
     async def go() -> Any:
-        async with Database.open(url, max_size=4, command_timeout=settings.command_timeout,
-                                 statement_cache_size=settings.statement_cache_size) as db, \
+        async with Database.open(url, max_size=4, **settings.pool_options()) as db, \
                 open_index(settings, db) as backend:
             return await fn(db, backend)
 
@@ -95,8 +94,7 @@ def queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
     from ..queue.jobs import Queue
 
     async def go() -> Any:
-        async with Database.open(url, max_size=1, command_timeout=settings.command_timeout,
-                                 statement_cache_size=settings.statement_cache_size) as db:
+        async with Database.open(url, max_size=1, **settings.pool_options()) as db:
             return await fn(Queue(db, settings.queue))
 
     return aio_run(go)
@@ -106,8 +104,7 @@ def registry_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any
     from ..importer.mailboxes import MailboxRegistry
 
     async def go() -> Any:
-        async with Database.open(url, max_size=1, command_timeout=settings.command_timeout,
-                                 statement_cache_size=settings.statement_cache_size) as db:
+        async with Database.open(url, max_size=1, **settings.pool_options()) as db:
             return await fn(MailboxRegistry(db))
 
     return aio_run(go)

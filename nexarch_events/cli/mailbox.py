@@ -202,7 +202,8 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
         config = await registry.get(args.tenant, args.name)
         sign_in = SignIn(config, secret_key=settings.secret_key)
         try:
-            return await run_sync(url, config, sign_in,
+            # The pool, not the URL: its session() is direct behind a pooler.
+            return await run_sync(registry.db, config, sign_in,
                                   imap_timeout=settings.importer.imap_timeout,
                                   lock_wait=settings.importer.lock_wait)
         finally:

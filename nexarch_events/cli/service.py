@@ -20,7 +20,7 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from ..db.migrations import migrate
 
     async def go() -> list[int]:
-        async with Database.open(url, max_size=1) as db:
+        async with Database.open(url, max_size=1, **settings.pool_options()) as db:
             return await migrate(db)
 
     applied = aio_run(go)
@@ -44,9 +44,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
         from ..index.factory import open_index
         from ..mail.indexer import Indexer
 
-        async with Database.open(url, max_size=2, command_timeout=settings.command_timeout,
-                                 application_name="nexarch-events/indexer",
-                                 statement_cache_size=settings.statement_cache_size) as db, \
+        async with Database.open(url, max_size=2, application_name="nexarch-events/indexer",
+                                 **settings.pool_options()) as db, \
                 open_index(settings, db) as backend:
             # `run` serves the HTTP API too (it searches through this backend).
             await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=args.name,

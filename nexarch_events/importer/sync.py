@@ -547,7 +547,8 @@ async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | 
 
     ``db``: a pool (a warm connection is borrowed: no connect, statements
     already planned - about 15 ms less per run, which matters for IDLE-driven
-    runs) or a URL (a connection of the run's own)."""
+    runs; behind a transaction pooler, a direct one of the run's own: see
+    ``Database.session``) or a URL (a connection of the run's own)."""
     if isinstance(sign_in, str):
         sign_in = SignIn(config, secret_key=None, password=sign_in)
     async with _run_connection(db, connect_timeout) as conn:
@@ -614,5 +615,7 @@ async def _run_connection(db: Database | str,
         finally:
             await conn.aclose()
     else:
-        async with db.acquire() as conn:
+        # session(): the run lock is a session lock, which a transaction
+        # pooler would leave behind on a server connection nobody owns.
+        async with db.session() as conn:
             yield conn

@@ -289,7 +289,7 @@ class Eraser:
         running = list(mailboxes)
         with trio.move_on_after(wait):
             while running:
-                async with self.db.acquire() as conn:
+                async with self.db.session() as conn:  # a session lock, taken and released
                     for name in list(running):
                         if await conn.fetchval(_IMPORTER_SQL["try_run_lock"], tenant_slug, name):
                             await conn.fetchval(_IMPORTER_SQL["run_unlock"], tenant_slug, name)

@@ -119,7 +119,7 @@ class Retention:
     async def run_pass(self, now: datetime) -> list[PassResult] | None:
         """One pass over every tenant with a policy, as if it were ``now``.
         None if another process's pass is running."""
-        async with self.db.acquire() as conn:
+        async with self.db.session() as conn:  # the lock lives as long as this session
             if not await conn.fetchval(_SQL["retention_lock"]):
                 return None
             try:

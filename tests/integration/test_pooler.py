@@ -82,3 +82,80 @@ async def test_a_worker_process_without_a_direct_listen_url_exits_2(
         with trio.fail_after(60):
             # 2: a configuration error (the message names the variable to set).
             assert await worker.wait() == 2
+
+
+# -- session state behind a pooler: the importer's run lock ----------------------
+
+
+RUN_LOCK, RETENTION_LOCK = 1312902721, 1312902723  # sql/importer.sql, sql/lifecycle.sql
+
+
+async def held_locks(db: Database, lock_class: int) -> int:
+    """Session advisory locks of one class held anywhere in this database."""
+    count: int = await db.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1"
+        " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        lock_class)
+    return count
+
+
+async def hammer(pooled: Database, stop: trio.Event) -> None:
+    """Other clients of the pooler, as the workers and the API are: they
+    take whichever server connection comes free."""
+    while not stop.is_set():
+        await pooled.fetchval("SELECT 1")
+
+
+async def test_the_importer_run_lock_holds_on_a_direct_connection_behind_a_pooler(
+        db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
+    """A session advisory lock taken through a transaction pooler stays on
+    whichever server connection ran that one statement: the unlock lands on
+    another, and the lock outlives the run (the mailbox is then "busy" for
+    ever). With the direct URL configured, the lock's session is direct."""
+    from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+    from nexarch_events.importer.sync import run_sync
+    from tests.integration.test_importer_traps import messages
+    from tests.support.imap_script import open_scripted_imap
+
+    async with Database.open(pgbouncer.url(database_url), max_size=4, statement_cache_size=0,
+                             session_dsn=database_url) as pooled, \
+            open_scripted_imap(messages(list(range(1, 31)))) as server:
+        config = MailboxConfig(tenant_slug="acme", name="inbox", host=server.host,
+                               port=server.port, tls_mode="plain", username="user",
+                               password_ref="env:UNUSED")
+        await MailboxRegistry(pooled).add(config)
+        stop = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(hammer, pooled, stop)
+                for _ in range(5):
+                    report = await run_sync(pooled, config, "secret", lock_wait=5)
+                    assert await held_locks(db, RUN_LOCK) == 0
+                stop.set()
+        assert report.last_synced_uid == 30
+
+
+async def test_a_retention_pass_behind_a_pooler_leaves_no_lock_behind(
+        db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
+    """One retention pass at a time is a session lock too: behind a pooler
+    without a direct session it would outlive the pass, and every later pass
+    would find "another process's pass running" for ever."""
+    from datetime import UTC, datetime
+
+    from nexarch_events.index.postgres import PostgresIndex
+    from nexarch_events.lifecycle.retention import Retention
+    from nexarch_events.settings import RetentionSettings
+
+    async with Database.open(pgbouncer.url(database_url), max_size=4, statement_cache_size=0,
+                             session_dsn=database_url) as pooled:
+        retention = Retention(pooled, PostgresIndex(pooled), RetentionSettings())
+        stop = trio.Event()
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for _ in range(3):
+                    nursery.start_soon(hammer, pooled, stop)
+                for _ in range(5):
+                    assert await retention.run_pass(datetime.now(UTC)) == []  # None: "busy"
+                    assert await held_locks(db, RETENTION_LOCK) == 0
+                stop.set()

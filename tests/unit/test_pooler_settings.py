@@ -22,6 +22,18 @@ def test_a_listen_url_means_a_pooler_in_front_of_the_database_url() -> None:
     assert "direct-pw" not in str(effective(settings)) and "direct-pw" not in repr(settings)
 
 
+def test_every_pool_behind_a_pooler_gets_a_direct_url_for_its_session_locks() -> None:
+    """The importer's run lock and the retention lock are session locks:
+    ``Database.session`` takes them on the direct URL (tests/integration/
+    test_pooler.py shows what a pooler does to them otherwise)."""
+    pooled = Settings.from_env({"NEXARCH_DATABASE_URL": POOLED,
+                                "NEXARCH_LISTEN_DATABASE_URL": DIRECT,
+                                "NEXARCH_COMMAND_TIMEOUT": "7"}).pool_options()
+    assert pooled == {"command_timeout": 7.0, "statement_cache_size": 0, "session_dsn": DIRECT}
+    direct = Settings.from_env({"NEXARCH_DATABASE_URL": DIRECT}).pool_options()
+    assert direct["session_dsn"] is None and direct["statement_cache_size"] == 100
+
+
 def test_a_listen_url_needs_a_database_url_and_a_postgres_scheme() -> None:
     with pytest.raises(ConfigurationError, match="NEXARCH_LISTEN_DATABASE_URL"):
         Settings.from_env({"NEXARCH_LISTEN_DATABASE_URL": DIRECT})
