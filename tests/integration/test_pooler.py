@@ -9,7 +9,8 @@ running deaf.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -99,11 +100,20 @@ async def held_locks(db: Database, lock_class: int) -> int:
     return count
 
 
-async def hammer(pooled: Database, stop: trio.Event) -> None:
-    """Other clients of the pooler, as the workers and the API are: they
-    take whichever server connection comes free."""
-    while not stop.is_set():
-        await pooled.fetchval("SELECT 1")
+@asynccontextmanager
+async def other_clients(pooled: Database) -> AsyncIterator[None]:
+    """Three other clients of the pooler for the block, as the workers and
+    the API are: they take whichever server connection comes free."""
+    async def hammer() -> None:
+        while True:
+            await pooled.fetchval("SELECT 1")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(hammer)
+            yield
+            nursery.cancel_scope.cancel()
 
 
 async def test_the_importer_run_lock_holds_on_a_direct_connection_behind_a_pooler(
@@ -124,15 +134,10 @@ async def test_the_importer_run_lock_holds_on_a_direct_connection_behind_a_poole
                                port=server.port, tls_mode="plain", username="user",
                                password_ref="env:UNUSED")
         await MailboxRegistry(pooled).add(config)
-        stop = trio.Event()
-        with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
-                for _ in range(3):
-                    nursery.start_soon(hammer, pooled, stop)
-                for _ in range(5):
-                    report = await run_sync(pooled, config, "secret", lock_wait=5)
-                    assert await held_locks(db, RUN_LOCK) == 0
-                stop.set()
+        async with other_clients(pooled):
+            for _ in range(5):
+                report = await run_sync(pooled, config, "secret", lock_wait=5)
+                assert await held_locks(db, RUN_LOCK) == 0
         assert report.last_synced_uid == 30
 
 
@@ -150,12 +155,7 @@ async def test_a_retention_pass_behind_a_pooler_leaves_no_lock_behind(
     async with Database.open(pgbouncer.url(database_url), max_size=4, statement_cache_size=0,
                              session_dsn=database_url) as pooled:
         retention = Retention(pooled, PostgresIndex(pooled), RetentionSettings())
-        stop = trio.Event()
-        with trio.fail_after(60):
-            async with trio.open_nursery() as nursery:
-                for _ in range(3):
-                    nursery.start_soon(hammer, pooled, stop)
-                for _ in range(5):
-                    assert await retention.run_pass(datetime.now(UTC)) == []  # None: "busy"
-                    assert await held_locks(db, RETENTION_LOCK) == 0
-                stop.set()
+        async with other_clients(pooled):
+            for _ in range(5):
+                assert await retention.run_pass(datetime.now(UTC)) == []  # None: "busy"
+                assert await held_locks(db, RETENTION_LOCK) == 0
