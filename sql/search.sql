@@ -93,7 +93,7 @@ DELETE FROM mail_search_documents d
 RETURNING d.archive_id;
 
 -- name: search_text
--- A text query: nexarch_mail_search (migration 0020) ranks the first $11
+-- A text query: nexarch_mail_search (migration 0023) ranks the first $11
 -- matches and counts up to $10, in one statement and one snapshot. $3 is
 -- to_tsquery text written by index/postgres.py; $12/$13 the received-date
 -- range, $14 the sort order. The result has one row at least: a page past
