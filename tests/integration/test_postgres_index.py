@@ -152,3 +152,12 @@ async def test_bodies_and_vectors_are_stored_with_lz4_where_the_server_has_it(
                             "pg_column_compression(search) AS search FROM mail_search_documents")
     assert row is not None
     assert (row["body"], row["search"]) == ("lz4", "lz4")
+
+
+async def test_an_index_write_commits_without_waiting_for_its_wal_flush(db: Database) -> None:
+    # Its job's ack, a synchronous commit after it, flushes it (search.sql).
+    async with db.acquire() as conn, conn.transaction():
+        await conn.execute("SET LOCAL synchronous_commit = on")
+        await PostgresIndex(conn).upsert([doc(1, body="walrus")])  # type: ignore[arg-type]
+        assert await conn.fetchval("SHOW synchronous_commit") == "off"
+    assert await db.fetchval("SHOW synchronous_commit") == "on"  # for that transaction only
