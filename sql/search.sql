@@ -17,8 +17,9 @@
 -- locked in id order (the heartbeat locks in the same order: no deadlock).
 -- $20: each document's received date (NULL: unknown).
 -- The write commits without waiting for its WAL flush (synchronous_commit
--- off, for this transaction only): the flush cost 4 ms a commit on the
--- bench machine, a third of archival -> searchable. Nothing is lost by it:
+-- off, for this transaction only): a flush cost 4 ms a commit on the
+-- shared bench machine under load (0.1 ms when its disk was idle), a fifth
+-- of archival -> searchable then. Nothing is lost by it:
 -- a job is done only when its ack commits, a synchronous commit whose flush
 -- writes all WAL before it, this write's commit record included; a crash
 -- before that leaves the job unacknowledged, and its re-run writes again.
