@@ -14,7 +14,7 @@ and indexing cost are kept by stemming at most ``stem_chars`` of the body
 and of the attachment text (``max_field_chars`` are stored); longer text
 stays searchable on its first part.
 
-Search (``nexarch_mail_search``, migration 0020): one statement, so one
+Search (``nexarch_mail_search``, migration 0023): one statement, so one
 snapshot; matches come from the GIN index alone, at most ``count_limit`` are
 counted (beyond: ``exact_total`` false) and the first ``rank_limit`` are
 ranked by a small vector (subject, people, the body's first 400
