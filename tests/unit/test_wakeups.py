@@ -74,3 +74,28 @@ async def test_a_cancelled_waiter_is_not_woken_later(autojump_clock: trio.abc.Cl
         await wakeups.wait()
     assert wakeups.idle == 0
     assert wakeups.wake(1) == 0  # nobody idle: it becomes a credit instead
+
+
+async def test_the_worker_that_went_idle_last_is_woken_first(
+        autojump_clock: trio.abc.Clock) -> None:
+    # A trickle of single jobs keeps going to the same (warm) worker.
+    wakeups = WakeUps(workers=3)
+    woken: list[int] = []
+
+    async def worker(i: int) -> None:
+        while True:
+            await wakeups.wait()
+            woken.append(i)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(3):  # idle in the order 0, 1, 2
+            nursery.start_soon(worker, i)
+            await trio.testing.wait_all_tasks_blocked()
+        for _ in range(3):
+            assert wakeups.wake(1) == 1
+            await trio.testing.wait_all_tasks_blocked()
+        assert woken == [2, 2, 2]
+        assert wakeups.wake(3) == 3
+        await trio.testing.wait_all_tasks_blocked()
+        assert sorted(woken[3:]) == [0, 1, 2]
+        nursery.cancel_scope.cancel()
