@@ -626,3 +626,59 @@ async def test_ack_and_claim_in_one_statement(queue: Queue) -> None:
         [(following[0], None), (following[1], Failure("later"))], 10, "w")
     assert result.statuses == {delete_id: JobStatus.SUCCEEDED, other_id: JobStatus.PENDING}
     assert nothing == []
+
+
+async def test_the_ack_of_one_job_matches_the_batch_ack(
+        queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
+    # Migration 0024 acks a single job with one UPDATE instead of the batch
+    # statement; both must leave the same row and send the same notification.
+    listener = Listener(db.dsn, fast_settings)
+    events = listener.subscribe(JOB_EVENTS_CHANNEL)
+    wake = listener.subscribe(INDEX_JOBS_CHANNEL)
+    ack = ("SELECT id, status FROM {fn}($1::bigint[], $2::uuid[], $3::text[], $4::bool[], "
+           "0.2, 3)")
+    row_state = ("SELECT status, attempts, last_error, lease IS NULL AS no_lease, "
+                 "locked_by IS NULL AS unlocked, heartbeat_at IS NULL AS no_heartbeat, "
+                 "extract(epoch FROM available_at - CASE WHEN status = 'pending' "
+                 "THEN updated_at ELSE created_at END) AS due_in, "
+                 "finished_at = updated_at AS finished_now, finished_at IS NULL AS open "
+                 "FROM mail_index_jobs WHERE id = $1")
+    # (error, permanent, attempts already used before this one, lease kept)
+    cases = {"success": (None, False, 0, True), "retry": ("later", False, 0, True),
+             "permanent": ("bad", True, 0, True), "last attempt": ("again", False, 4, True),
+             "lease taken over": (None, False, 0, False)}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        for name, (error, permanent, used, keep_lease) in cases.items():
+            states, notes = [], []
+            for fn in ("mail_index_jobs_ack", "mail_index_jobs_ack_batch"):
+                job_id = await queue.enqueue_index("acme", f"{name}-{fn}", {})
+                await db.execute("UPDATE mail_index_jobs SET attempts = $2 WHERE id = $1",
+                                 job_id, used)
+                job = await queue.dequeue("w")
+                assert job.id == job_id
+                await _next_notification(wake)  # its enqueue
+                lease = job.lease if keep_lease else "00000000-0000-0000-0000-000000000000"
+                rows = await db.fetch(ack.format(fn=fn), [job_id], [lease], [error], [permanent])
+                returned = [(r["id"] == job_id, r["status"]) for r in rows]
+                state = dict(await db.fetchrow(row_state, job_id))  # type: ignore[arg-type]
+                sent = []
+                if keep_lease and error is not None and not permanent and used < 4:
+                    data = json.loads((await _next_notification(wake)).payload)
+                    due = await db.fetchval("SELECT extract(epoch FROM available_at) "
+                                            "FROM mail_index_jobs WHERE id = $1", job_id)
+                    assert data.pop("next_due") == pytest.approx(float(due), abs=1e-3)
+                    sent.append(data)
+                elif keep_lease:
+                    data = json.loads((await _next_notification(events)).payload)
+                    assert data.pop("ids") == [job_id]
+                    sent.append(data)
+                states.append((returned, state))
+                notes.append(sent)
+                # A retried job falls due again soon: out of the next dequeue's way.
+                await db.execute("DELETE FROM mail_index_jobs WHERE id = $1", job_id)
+            await _no_more_notifications(events, wait=0.1)
+            assert states[0] == states[1], name
+            assert notes[0] == notes[1], name
+            assert bool(notes[0]) == keep_lease, name
+        nursery.cancel_scope.cancel()
