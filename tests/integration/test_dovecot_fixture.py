@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import apt
 from tests.support import dovecot as dovecot_module
 from tests.support.dovecot import Dovecot, running_dovecot
 
@@ -188,7 +189,7 @@ def test_kill_restart_and_stop_leave_nothing_behind() -> None:
 
 
 def test_ensure_dovecot_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dovecot_module, "_which", lambda name: None)
+    monkeypatch.setattr(apt, "which", lambda name: None)
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     with pytest.raises(RuntimeError, match="apt-get install dovecot-imapd"):
         dovecot_module.ensure_dovecot()

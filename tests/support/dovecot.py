@@ -50,6 +50,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from tests.support import apt
+
 HOST = "127.0.0.1"
 DEFAULT_USERS: dict[str, str] = {"alice": "alice-secret-1", "bob": "bob-secret-2"}
 START_TIMEOUT = 20.0
@@ -60,7 +62,6 @@ IMAP_TIMEOUT = 60.0
 APPEND_BATCH_MESSAGES = 1000
 APPEND_BATCH_BYTES = 8 * 1024 * 1024
 
-_EXTRA_SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 _INSTALL_HINT = (
     "Dovecot is needed for the IMAP tests: apt-get install dovecot-imapd (as root), "
     "or put the dovecot binary on PATH"
@@ -71,61 +72,17 @@ _INSTALL_HINT = (
 
 
 def _which(name: str) -> str | None:
-    """``shutil.which`` that also looks in the sbin folders, which a non-login
-    or unprivileged PATH often lacks (dovecot lives in /usr/sbin)."""
-    path = os.environ.get("PATH", os.defpath)
-    extra = [d for d in _EXTRA_SBIN if d not in path.split(os.pathsep)]
-    return shutil.which(name, path=os.pathsep.join([path, *extra]))
-
-
-def _apt_install(package: str) -> None:
-    """Install one Debian package, quietly, without starting its service.
-
-    A policy-rc.d that answers 101 ("action forbidden") stops the package's
-    postinst from starting the system-wide dovecot (the usual container
-    trick); one that is already there is left as it is. A system instance
-    would not disturb ours anyway (other config, base_dir and ports), but a
-    stray daemon on ports 143/993 is not ours to leave behind.
-    """
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    policy = Path("/usr/sbin/policy-rc.d")
-    wrote_policy = False
-    if not policy.exists():
-        policy.write_text("#!/bin/sh\n# written by tests/support/dovecot.py\nexit 101\n")
-        policy.chmod(0o755)
-        wrote_policy = True
-    try:
-        for command in (["apt-get", "update", "-q"],
-                        ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]):
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-                raise RuntimeError(
-                    f"{_INSTALL_HINT}; `{' '.join(command)}` failed "
-                    f"(exit {done.returncode}):\n{tail}")
-    finally:
-        if wrote_policy:
-            policy.unlink(missing_ok=True)
+    return apt.which(name)
 
 
 def ensure_dovecot() -> str:
     """The path of the dovecot binary, installing dovecot-imapd with apt-get
-    when it is missing and we are root on a Debian-like system.
+    when it is missing and we are root on a Debian-like system
+    (tests/support/apt.py: serialised against other installs).
 
     Raises RuntimeError (saying what to install) when it cannot be had.
     """
-    found = _which("dovecot")
-    if found:
-        return found
-    if os.geteuid() == 0 and _which("apt-get"):
-        _apt_install("dovecot-imapd")
-        found = _which("dovecot")
-        if found:
-            return found
-        raise RuntimeError(f"{_INSTALL_HINT}; apt-get installed dovecot-imapd "
-                           "but no dovecot binary is on PATH or in /usr/sbin")
-    raise RuntimeError(f"{_INSTALL_HINT}; it is not installed and cannot be installed here "
-                       "(not root, or no apt-get)")
+    return apt.ensure("dovecot", "dovecot-imapd", _INSTALL_HINT)
 
 
 def _doveadm(dovecot: str) -> str:

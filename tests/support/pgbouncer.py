@@ -22,40 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from tests.support import apt
+
 _HINT = "PgBouncer is needed for the pooler tests: apt-get install pgbouncer (as root)"
-_SBIN = ("/usr/sbin", "/usr/local/sbin", "/sbin")
 
 
 def ensure_pgbouncer() -> str:
-    """The pgbouncer binary, installed with apt-get when missing (root only).
-    The package's own service is not started (policy-rc.d answers 101)."""
-    path = os.pathsep.join([os.environ.get("PATH", os.defpath), *_SBIN])
-    found = shutil.which("pgbouncer", path=path)
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        raise RuntimeError(f"{_HINT}; it is not installed and cannot be installed here")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    policy = Path("/usr/sbin/policy-rc.d")
-    wrote_policy = not policy.exists()
-    if wrote_policy:
-        policy.write_text("#!/bin/sh\n# written by tests/support/pgbouncer.py\nexit 101\n")
-        policy.chmod(0o755)
-    try:
-        for command in (["apt-get", "update", "-q"],
-                        ["apt-get", "install", "-y", "-q", "--no-install-recommends",
-                         "pgbouncer"]):
-            done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-            if done.returncode != 0:
-                raise RuntimeError(f"{_HINT}; `{' '.join(command)}` failed: "
-                                   f"{(done.stdout + done.stderr)[-2000:]}")
-    finally:
-        if wrote_policy:
-            policy.unlink(missing_ok=True)
-    found = shutil.which("pgbouncer", path=path)
-    if not found:
-        raise RuntimeError(f"{_HINT}; apt-get installed it but no pgbouncer binary was found")
-    return found
+    """The pgbouncer binary, installed with apt-get when missing (root only;
+    tests/support/apt.py). The package's own service is not started."""
+    return apt.ensure("pgbouncer", "pgbouncer", _HINT)
 
 
 @dataclass(frozen=True)
