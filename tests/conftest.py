@@ -28,6 +28,22 @@ from nexarch_events.settings import QueueSettings
 from tests.support.dovecot import Dovecot, running_dovecot
 
 
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI (``CI=true``), a skipped test fails the run: a test that skips
+    because a service or a feature is missing has not shown anything, and a
+    green CI must not hide it (a test that depends on the server's build
+    checks the branch that server takes instead of skipping)."""
+    if os.environ.get("CI") != "true" or exitstatus != pytest.ExitCode.OK:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        for report in skipped:
+            reporter.write_line(f"CI: skipped, which CI does not allow: {report.nodeid} "
+                                f"({report.longrepr})")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @dataclass
 class PgServer:
     admin_url: str

@@ -142,16 +142,17 @@ async def test_only_the_first_stem_chars_are_searchable_but_all_is_stored(db: Da
 async def test_bodies_and_vectors_are_stored_with_lz4_where_the_server_has_it(
         db: Database, index: PostgresIndex) -> None:
     # lz4 costs a third of pglz's CPU per stored document (migration 0023).
+    # A server built without lz4 (the README's embedded one is) migrates all
+    # the same and keeps pglz: each server checks its own branch, none skips.
     has_lz4 = await db.fetchval(
         "SELECT 'lz4' = ANY (enumvals) FROM pg_settings WHERE name = 'default_toast_compression'")
-    if not has_lz4:
-        pytest.skip("this server was built without lz4")
     body = " ".join(f"word{n}x" for n in range(5000))  # large enough to be compressed
     await index.upsert([doc(1, body=body)])
     row = await db.fetchrow("SELECT pg_column_compression(body) AS body, "
                             "pg_column_compression(search) AS search FROM mail_search_documents")
     assert row is not None
-    assert (row["body"], row["search"]) == ("lz4", "lz4")
+    expected = "lz4" if has_lz4 else "pglz"
+    assert (row["body"], row["search"]) == (expected, expected)
 
 
 async def test_an_index_write_commits_without_waiting_for_its_wal_flush(db: Database) -> None:
