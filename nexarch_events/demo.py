@@ -219,9 +219,10 @@ def latency_line(values: list[float]) -> str:
 class Demo:
     def __init__(self, url: str, settings: Settings, *, duration: float, rate: float,
                  initial: int = INITIAL_MESSAGES, out: TextIO | None = None,
-                 command: str = "nexarch-events") -> None:
+                 command: str = "nexarch-events", any_port_if_taken: bool = False) -> None:
         self.url = url
         self.command = command
+        self.any_port_if_taken = any_port_if_taken
         # An admin token for this run's status page (only its hash is kept
         # in the settings; the token itself goes into the printed URL).
         self.api_token = secrets.token_urlsafe(24)
@@ -337,7 +338,7 @@ class Demo:
                      ) -> None:
         try:
             await serve(self.settings, handlers, dsn=self.url, importer=True, backend=backend,
-                        task_status=task_status)
+                        api_any_port_if_taken=self.any_port_if_taken, task_status=task_status)
         finally:
             self.served.set()
         if not self.stopping and not self.interrupted:
@@ -500,13 +501,15 @@ class Demo:
 
 def run_demo(url: str, settings: Settings, *, duration: float, rate: float,
              initial: int = INITIAL_MESSAGES, out: TextIO | None = None,
-             command: str = "nexarch-events") -> int:
+             command: str = "nexarch-events", any_port_if_taken: bool = False) -> int:
     """Blocks for about ``duration`` seconds plus start-up and shutdown, or
     until SIGINT/SIGTERM (handled: the summary is printed and 0 returned).
     Returns the exit code: 0, or 1 if a delivered message never became
     searchable. Runs its own trio loop (``aio.run``); sets ``PASSWORD_ENV``
     in this process's environment; writes to ``out`` (default stdout).
-    ``command`` runs this CLI (for the closing hint), as the user ran it."""
+    ``command`` runs this CLI (for the closing hint), as the user ran it;
+    ``any_port_if_taken``: the status page takes any free port when its
+    configured one is in use at the moment it binds."""
     if not duration > 0:
         raise ConfigurationError(f"demo: --duration must be a positive number of seconds, "
                                  f"got {duration!r}")
@@ -516,5 +519,5 @@ def run_demo(url: str, settings: Settings, *, duration: float, rate: float,
     if not 1 <= initial <= 10_000:
         raise ConfigurationError("demo: the initial message count must be 1..10000")
     demo = Demo(url, settings, duration=duration, rate=rate, initial=initial, out=out,
-                command=command)
+                command=command, any_port_if_taken=any_port_if_taken)
     return aio_run(demo.run)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import signal
 from collections.abc import Mapping
+from functools import partial
 
 import trio
 
@@ -104,7 +105,7 @@ class QueueService:
 
 async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 dsn: str, name: str | None = None, importer: bool = False,
-                backend: IndexBackend | None = None,
+                backend: IndexBackend | None = None, api_any_port_if_taken: bool = False,
                 task_status: trio.TaskStatus[QueueService] = trio.TASK_STATUS_IGNORED) -> None:
     """Migrate, then run until SIGTERM/SIGINT has stopped it: the queue
     service, and in the same nursery the IMAP import scheduler (``importer``),
@@ -113,7 +114,8 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
 
     The importer and the API stop with the workers: each message's import is
     one transaction, so cancelling it mid-run loses nothing. The API's bound
-    port is ``service.api_port`` once started."""
+    port is ``service.api_port`` once started; ``api_any_port_if_taken``
+    (the demo) binds any free port when the configured one is in use."""
     from .importer.accounts import AccountDiscovery
     from .importer.scheduler import ImportScheduler
 
@@ -160,7 +162,8 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
 
                 assert backend is not None
                 ctx = ApiContext(db, settings, backend, service.listener, metrics)
-                service.api_port = await nursery.start(serve_api, ctx)
+                service.api_port = await nursery.start(partial(
+                    serve_api, ctx, any_port_if_taken=api_any_port_if_taken))
             log.info("service running name=%s workers=%d batch_size=%d importer=%s api=%s",
                      service.pool.name, settings.queue.workers, settings.queue.batch_size,
                      importer, f"{settings.api.host}:{service.api_port}" if api else "off")

@@ -9,6 +9,7 @@ stream are described in ``openapi.yaml`` beside this file (served at
 from __future__ import annotations
 
 import contextlib
+import errno
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import cast
@@ -65,13 +66,17 @@ def create_app(ctx: ApiContext) -> AsgiApp:
     return AsgiApp(build_router(ctx))
 
 
-async def serve_api(ctx: ApiContext, *,
+async def serve_api(ctx: ApiContext, *, any_port_if_taken: bool = False,
                     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve on ``ctx.settings.api.host``/``port`` until cancelled.
 
     Started (for ``nursery.start``) once the socket listens, with the bound
     port (the chosen one when the setting is 0). Cancellation closes the
     listening socket and every connection, event streams included.
+
+    ``any_port_if_taken`` (the demo): a port that is in use when the socket
+    is bound is replaced by any free one, with a warning. Decided at the bind
+    itself, since a free port found earlier can be taken in between.
     """
     api = ctx.settings.api
     config = Config()
@@ -83,7 +88,15 @@ async def serve_api(ctx: ApiContext, *,
     # Bound here, not inside hypercorn: a busy port is the user's to fix
     # (exit 2, one line), not an exception group from the server's nursery.
     try:
-        sockets = config.create_sockets()
+        try:
+            sockets = config.create_sockets()
+        except OSError as exc:
+            if not (any_port_if_taken and api.port and exc.errno == errno.EADDRINUSE):
+                raise
+            log.warning("port %d on %s is taken: the status page uses a free port instead "
+                        "(choose one with --port)", api.port, api.host)
+            config.bind = [f"{host}:0"]
+            sockets = config.create_sockets()
     except OSError as exc:
         raise ConfigurationError(
             f"the API cannot listen on {host}:{api.port}: {exc.strerror or exc}; set "

@@ -71,6 +71,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, url: str) -> int:
     elif api.enabled and api.port and not port_is_free(api.host, api.port):
         # A demo should just run: another program (or another demo) has the
         # configured port, so take any free one; the status page line shows it.
+        # (Checked again where the socket is bound: any_port_if_taken below.)
         print(f"port {api.port} on {api.host} is taken: the status page uses a free port "
               "instead (choose one with --port)", file=sys.stderr)
         settings = replace(settings, api=replace(api, port=0))
@@ -80,7 +81,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, url: str) -> int:
         logging.getLogger("nexarch_events").setLevel(
             max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
     return run_demo(url, settings, duration=args.duration, rate=args.rate,
-                    command=command_name())
+                    command=command_name(), any_port_if_taken=args.port is None)
 
 
 def port_is_free(host: str, port: int) -> bool:

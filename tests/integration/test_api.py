@@ -14,11 +14,13 @@ import hashlib
 import json
 import re
 import secrets
+import socket
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
@@ -305,6 +307,31 @@ async def test_readyz_reports_what_is_missing(env: Env, database_url: str) -> No
             assert (response.status_code, response.json()) == \
                 (503, {"database": True, "listener": False})
         nursery.cancel_scope.cancel()
+
+
+async def test_a_port_taken_at_the_bind_is_replaced_only_when_asked(
+        env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    # The demo checks its port before it starts the service, and another
+    # demo took it in between (seen with two suites at once): the decision
+    # is made where the socket is bound. ``run`` keeps the exit-2 error.
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        settings = replace(env.ctx.settings, api=replace(env.ctx.settings.api, port=taken))
+        ctx = ApiContext(db=env.db, settings=settings, backend=env.ctx.backend,
+                         listener=env.ctx.listener, metrics=Metrics())
+        async with trio.open_nursery() as nursery:
+            with pytest.raises(ConfigurationError,
+                               match=rf"cannot listen on 127\.0\.0\.1:{taken}"):
+                await nursery.start(serve_api, ctx)
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(partial(serve_api, ctx, any_port_if_taken=True))
+            assert port not in (0, taken)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                assert (await http.get("/healthz")).status_code == 200
+            nursery.cancel_scope.cancel()
+    assert f"port {taken} on 127.0.0.1 is taken" in caplog.text
 
 
 async def test_readyz_database_down(private_pg: Any, fast_settings: QueueSettings,
