@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import socket
-import sys
 from dataclasses import replace
 
 from ..aio import Database
@@ -68,37 +66,16 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, url: str) -> int:
     api = settings.api
     if args.port is not None:
         settings = replace(settings, api=replace(api, port=args.port))
-    elif api.enabled and api.port and not port_is_free(api.host, api.port):
-        # A demo should just run: another program (or another demo) has the
-        # configured port, so take any free one; the status page line shows it.
-        # (Checked again where the socket is bound: any_port_if_taken below.)
-        print(f"port {api.port} on {api.host} is taken: the status page uses a free port "
-              "instead (choose one with --port)", file=sys.stderr)
-        settings = replace(settings, api=replace(api, port=0))
     if not args.verbose:
         # The demo's own lines tell the story; the service's info lines
         # (stderr) would bury them. Warnings still show.
         logging.getLogger("nexarch_events").setLevel(
             max(logging.WARNING, logging.getLogger().getEffectiveLevel()))
+    # A demo should just run: when another program (or another demo) has the
+    # configured port at the moment the status page binds, it takes any free
+    # one and says so; the status page line shows which.
     return run_demo(url, settings, duration=args.duration, rate=args.rate,
                     command=command_name(), any_port_if_taken=args.port is None)
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Whether a listening socket could bind ``host:port`` now (a hint: it
-    can be taken a moment later; serve_api then reports it as exit 2)."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except OSError:
-        return True  # let the server report the bad address
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as hypercorn binds
-        try:
-            sock.bind(address)
-        except OSError:
-            return False
-    return True
 
 
 def register(sub: Subparsers) -> None:

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import apt
+from tests.support.apt import which as _which
 
 HOST = "127.0.0.1"
 DEFAULT_USERS: dict[str, str] = {"alice": "alice-secret-1", "bob": "bob-secret-2"}
@@ -69,10 +70,6 @@ _INSTALL_HINT = (
 
 
 # ---------------------------------------------------------------- binaries
-
-
-def _which(name: str) -> str | None:
-    return apt.which(name)
 
 
 def ensure_dovecot() -> str:
