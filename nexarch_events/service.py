@@ -1,5 +1,5 @@
 """The queue service: one nursery holds the listener, the wake-up pump, the
-workers and the sweeper. ``serve`` is what ``nexarch-events worker`` runs;
+workers, the sweeper and the job table's vacuum. ``serve`` is what ``nexarch-events worker`` runs;
 embedders call it (or ``QueueService``) from their own trio code.
 
 Shutdown: the first SIGTERM/SIGINT (or ``QueueService.shutdown``) stops
@@ -17,7 +17,7 @@ from functools import partial
 
 import trio
 
-from .aio import Database
+from .aio import Connection, Database
 from .db.migrations import migrate
 from .index.base import IndexBackend
 from .metrics import Metrics
@@ -32,6 +32,7 @@ from .queue.notify import (
     Subscription,
 )
 from .queue.sweeper import Sweeper
+from .queue.vacuum import VACUUM_TIMEOUT, TableVacuum
 from .queue.worker import BatchHandler, WorkerPool, default_worker_name
 from .settings import Settings
 
@@ -39,7 +40,8 @@ log = logging.getLogger(__name__)
 
 
 class QueueService:
-    """Listener + workers + sweeper for one process, sharing one pool."""
+    """Listener + workers + sweeper + vacuum for one process, sharing one pool
+    (the vacuum opens a connection of its own for each VACUUM)."""
 
     def __init__(self, db: Database, settings: Settings,
                  handlers: Mapping[str, BatchHandler], *, name: str | None = None,
@@ -61,6 +63,10 @@ class QueueService:
         self.listener = Listener(listen_dsn, settings.queue, channels=channels,
                                  name=self.pool.name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
+        self.vacuum = TableVacuum(self.queue, partial(
+            Connection.open, db.dsn, connect_timeout=min(10.0, settings.command_timeout),
+            command_timeout=VACUUM_TIMEOUT, statement_cache_size=0,
+            application_name=f"nexarch-events/vacuum/{self.pool.name}"), settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
         self._cancel = trio.CancelScope()
         #: The HTTP API's port once it listens (serve() with a backend).
@@ -75,6 +81,7 @@ class QueueService:
                 await nursery.start(self.listener.run)
                 nursery.start_soon(self._pump, self._wake_sub)
                 await nursery.start(self.sweeper.run)
+                await nursery.start(self.vacuum.run)
                 # Returns once shutdown() has finished every worker; the
                 # listener and sweeper then have nothing left to serve.
                 await self.pool.run(task_status=task_status)

@@ -47,11 +47,17 @@ class QueueSettings:
     #: they finished (0: keep them forever).
     retain_succeeded: float = 7 * 86400.0
     retain_failed: float = 30 * 86400.0
+    #: The sweeper vacuums the job table once this many dead row versions
+    #: have piled up (each job leaves three: claim, ack, prune), so claims do
+    #: not wade through them until autovacuum comes by (0: leave it to
+    #: autovacuum). Paced: see queue/vacuum.py.
+    vacuum_dead_rows: int = 50_000
 
     def __post_init__(self) -> None:
         _positive_int("queue.workers", self.workers, upper=1024)
         _positive_int("queue.batch_size", self.batch_size, upper=10_000)
         _positive_int("queue.backoff_cap", self.backoff_cap, upper=1_000_000)
+        _positive_int("queue.vacuum_dead_rows", self.vacuum_dead_rows, lower=0, upper=10**12)
         for name in ("stale_after", "backoff_base", "drain_interval", "listener_ping_interval",
                      "listener_ping_timeout", "reconnect_min", "reconnect_max"):
             _positive_float(f"queue.{name}", getattr(self, name))
@@ -443,9 +449,10 @@ def _parse_number(key: str, raw: str, *, integer: bool) -> int | float:
         raise ConfigurationError(f"{key}={raw!r} is not {kind}") from None
 
 
-def _positive_int(key: str, value: object, *, upper: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= upper:
-        raise ConfigurationError(f"{key} must be a whole number from 1 to {upper}, got {value!r}")
+def _positive_int(key: str, value: object, *, upper: int, lower: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not lower <= value <= upper:
+        raise ConfigurationError(
+            f"{key} must be a whole number from {lower} to {upper}, got {value!r}")
 
 
 def _positive_float(key: str, value: object, *, allow_zero: bool = False) -> None:

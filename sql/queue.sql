@@ -325,6 +325,27 @@ mark AS (
 )
 SELECT count(*) AS n FROM gone;
 
+-- name: dead_rows
+-- Dead row versions of the job table by the cumulative statistics (they may
+-- lag a second or so; VACUUM resets them at once): the sweeper's vacuum
+-- decides by this.
+SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables
+                  WHERE relid = 'mail_index_jobs'::regclass), 0) AS n;
+
+-- name: vacuum_allowed
+-- May this role VACUUM the job table? Postgres lets the table's owner, the
+-- database's owner and superusers (pg_has_role is true for them), and only
+-- warns, without an error, when anyone else tries.
+SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') AS allowed
+  FROM pg_class c, pg_database d
+ WHERE c.oid = 'mail_index_jobs'::regclass AND d.datname = current_database();
+
+-- name: vacuum
+-- Outside any transaction, on a connection of its own. SKIP_LOCKED: if
+-- autovacuum or another process vacuums the table right now, skip it
+-- instead of queueing behind them.
+VACUUM (SKIP_LOCKED) mail_index_jobs;
+
 -- name: cursor_pruned
 -- Was job $1 deleted by retention? It is not in the table, and an id at least
 -- that high was pruned (ids that never finished were never pruned, and an

@@ -190,6 +190,21 @@ class Queue:
         return int(await self.db.fetchval(
             _SQL["prune"], s.retain_succeeded or None, s.retain_failed or None, limit))
 
+    async def dead_rows(self) -> int:
+        """Dead row versions in the job table (statistics; may lag a second)."""
+        return int(await self.db.fetchval(_SQL["dead_rows"]))
+
+    async def vacuum_allowed(self) -> bool:
+        """May this role vacuum the job table (owner of it or of the database)?"""
+        return bool(await self.db.fetchval(_SQL["vacuum_allowed"]))
+
+    @staticmethod
+    async def vacuum(conn: Executor) -> None:
+        """VACUUM the job table on ``conn``, which must be outside a
+        transaction and may be busy for seconds (not a pooled connection
+        whose command timeout is tuned for one-row statements)."""
+        await conn.execute(_SQL["vacuum"])
+
     async def cursor_pruned(self, job_id: int) -> bool:
         """True if job ``job_id`` was deleted by retention (an event stream
         resuming after it cannot know what it missed)."""

@@ -1,0 +1,109 @@
+"""The job table's vacuum against a real Postgres: dead row versions past the
+threshold are vacuumed on a connection of its own, a vacuum somebody else
+runs is skipped rather than waited for, and a role that may not vacuum is
+told once and leaves the table to autovacuum."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from functools import partial
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+import trio
+
+from nexarch_events.aio import Connection, Database, execute_sync
+from nexarch_events.models import JobType, NewJob
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.queue.vacuum import TableVacuum
+from nexarch_events.settings import QueueSettings
+
+from ..conftest import PgServer
+
+
+async def vacuum_count(db: Database) -> int:
+    return int(await db.fetchval(
+        "SELECT vacuum_count FROM pg_stat_user_tables "
+        "WHERE relid = 'mail_index_jobs'::regclass"))
+
+
+async def make_dead_rows(db: Database, queue: Queue, n: int) -> None:
+    """``n`` jobs, each updated once: ``n`` dead row versions, and wait
+    until the statistics (flushed by each backend about once a second)
+    count them."""
+    await queue.enqueue_many([NewJob(JobType.INDEX, "acme", f"m{i}", {}) for i in range(n)])
+    await db.execute("UPDATE mail_index_jobs SET attempts = attempts")
+    with trio.fail_after(30):
+        while await queue.dead_rows() < n:
+            await trio.sleep(0.2)
+
+
+def vacuum_for(db: Database, queue: Queue, url: str) -> TableVacuum:
+    return TableVacuum(queue, partial(Connection.open, url, application_name="test/vacuum"))
+
+
+async def test_dead_rows_past_the_threshold_are_vacuumed(db: Database,
+                                                         database_url: str) -> None:
+    queue = Queue(db, QueueSettings(vacuum_dead_rows=500))
+    vacuum = vacuum_for(db, queue, database_url)
+    before = await vacuum_count(db)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(vacuum.run)
+        await trio.sleep(3)  # below the threshold: looked at, left alone
+        assert vacuum.vacuums == 0
+        await make_dead_rows(db, queue, 1000)
+        with trio.fail_after(30):
+            while vacuum.vacuums == 0:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    assert await vacuum_count(db) == before + 1, "Postgres counts the vacuum"
+    assert vacuum.left_behind < 500
+    assert await queue.dead_rows() < 500
+
+
+async def test_a_table_someone_else_vacuums_is_skipped_not_waited_for(
+        db: Database, database_url: str) -> None:
+    queue = Queue(db, QueueSettings(vacuum_dead_rows=500))
+    vacuum = vacuum_for(db, queue, database_url)
+    # The lock a running (auto)vacuum holds, held by another session.
+    holder = await Connection.open(database_url)
+    try:
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE mail_index_jobs IN SHARE UPDATE EXCLUSIVE MODE")
+            with trio.fail_after(10):  # without SKIP_LOCKED: until the holder ends
+                await vacuum.vacuum_once()
+    finally:
+        await holder.aclose()
+    assert vacuum.vacuums == 1
+
+
+@pytest.fixture
+def stranger_url(pg_server: PgServer, database_url: str) -> Iterator[str]:
+    """The test's database, as a login role that owns neither it nor the
+    job table."""
+    role = f"nexarch_stranger_{uuid.uuid4().hex[:8]}"
+    execute_sync(pg_server.admin_url, [f'CREATE ROLE "{role}" LOGIN'])
+    parts = urlsplit(database_url)
+    host = parts.netloc.rpartition("@")[2]
+    yield urlunsplit(parts._replace(netloc=f"{role}@{host}"))
+    execute_sync(pg_server.admin_url, [f'DROP ROLE IF EXISTS "{role}"'])
+
+
+async def test_a_role_that_may_not_vacuum_says_so_once_and_stops(
+        aio_loop: None, stranger_url: str, caplog: pytest.LogCaptureFixture) -> None:
+    async with Database.open(stranger_url) as db:
+        queue = Queue(db, QueueSettings(vacuum_dead_rows=1))
+        assert not await queue.vacuum_allowed()
+        vacuum = vacuum_for(db, queue, stranger_url)
+        with caplog.at_level(logging.WARNING, logger="nexarch_events.queue.vacuum"):
+            with trio.fail_after(10):
+                await vacuum.run()  # returns: nothing it could do
+    assert vacuum.vacuums == 0
+    lines = [r.getMessage() for r in caplog.records if r.name == "nexarch_events.queue.vacuum"]
+    assert len(lines) == 1 and "may not vacuum mail_index_jobs" in lines[0], lines
+
+
+async def test_the_owner_may_vacuum(queue: Queue) -> None:
+    assert await queue.vacuum_allowed()
