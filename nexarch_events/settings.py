@@ -51,7 +51,7 @@ class QueueSettings:
     #: have piled up (each job leaves three: claim, ack, prune), so claims do
     #: not wade through them until autovacuum comes by (0: leave it to
     #: autovacuum). Paced: see queue/vacuum.py.
-    vacuum_dead_rows: int = 50_000
+    vacuum_dead_rows: int = 25_000
 
     def __post_init__(self) -> None:
         _positive_int("queue.workers", self.workers, upper=1024)

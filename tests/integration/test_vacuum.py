@@ -107,3 +107,11 @@ async def test_a_role_that_may_not_vacuum_says_so_once_and_stops(
 
 async def test_the_owner_may_vacuum(queue: Queue) -> None:
     assert await queue.vacuum_allowed()
+
+
+async def test_autovacuum_of_the_job_table_is_not_throttled(db: Database) -> None:
+    # Migration 0025: while autovacuum holds the table, the service's own
+    # VACUUM (SKIP_LOCKED) skips it, so autovacuum's pass must be short.
+    options = await db.fetchval(
+        "SELECT reloptions FROM pg_class WHERE oid = 'mail_index_jobs'::regclass")
+    assert "autovacuum_vacuum_cost_delay=0" in (options or [])
