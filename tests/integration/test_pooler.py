@@ -159,3 +159,33 @@ async def test_a_retention_pass_behind_a_pooler_leaves_no_lock_behind(
             for _ in range(5):
                 assert await retention.run_pass(datetime.now(UTC)) == []  # None: "busy"
                 assert await held_locks(db, RETENTION_LOCK) == 0
+
+
+# -- the job table's vacuum behind a pooler --------------------------------------
+
+
+async def test_the_job_table_is_vacuumed_through_a_transaction_pooler(
+        db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
+    """VACUUM is one statement outside a transaction block: a transaction
+    pooler passes it like any other, on the connection the service opens for
+    it (with the pooled URL and no statement cache)."""
+    from functools import partial
+
+    from nexarch_events.aio import Connection
+    from nexarch_events.queue.vacuum import TableVacuum
+    from tests.integration.test_vacuum import make_dead_rows, vacuum_count
+
+    url = pgbouncer.url(database_url)
+    before = await vacuum_count(db)
+    async with Database.open(url, statement_cache_size=0) as pooled:
+        queue = Queue(pooled, QueueSettings(vacuum_dead_rows=500))
+        vacuum = TableVacuum(queue, partial(Connection.open, url, statement_cache_size=0))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(vacuum.run)
+            await make_dead_rows(pooled, queue, 1000)
+            with trio.fail_after(30):
+                while vacuum.vacuums == 0:
+                    await trio.sleep(0.1)
+            nursery.cancel_scope.cancel()
+    assert await vacuum_count(db) == before + 1
+    assert await Queue(db).dead_rows() < 500
