@@ -173,8 +173,9 @@ async def test_the_job_table_is_vacuumed_through_a_transaction_pooler(
 
     from nexarch_events.aio import Connection
     from nexarch_events.queue.vacuum import TableVacuum
-    from tests.integration.test_vacuum import make_dead_rows, vacuum_count
+    from tests.integration.test_vacuum import make_dead_rows, vacuum_count, without_autovacuum
 
+    await without_autovacuum(db)
     url = pgbouncer.url(database_url)
     before = await vacuum_count(db)
     async with Database.open(url, statement_cache_size=0) as pooled:
