@@ -77,6 +77,11 @@ class Metrics:
         self.imported_messages: Tally[tuple[str, str]] = Tally()
         #: Reads the LISTEN connection's reconnect count (set by the service).
         self.listener_reconnects: Callable[[], int] = lambda: 0
+        #: Read the job table's upkeep by this process (set by the service):
+        #: jobs pruned by the sweeper, VACUUMs run and seconds spent in them.
+        self.pruned_jobs: Callable[[], int] = lambda: 0
+        self.vacuums: Callable[[], int] = lambda: 0
+        self.vacuum_seconds: Callable[[], float] = lambda: 0.0
         self._scrape = _Scrape(self)
         self.registry.register(self._scrape)
 
@@ -110,7 +115,8 @@ class Metrics:
 
 
 class _Scrape(Collector):
-    """What is read at scrape time: queue depth, import lag, reconnects."""
+    """What is read at scrape time: queue depth, import lag, reconnects,
+    the job table's upkeep."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -129,6 +135,16 @@ class _Scrape(Collector):
                                     value=self.stats.oldest_ready_age_s or 0.0)
         yield CounterMetricFamily("nexarch_listener_reconnects", "LISTEN connection reconnects.",
                                   value=self.metrics.listener_reconnects())
+        yield CounterMetricFamily("nexarch_queue_pruned_jobs",
+                                  "Finished jobs deleted by this process's sweeper (retention).",
+                                  value=self.metrics.pruned_jobs())
+        yield CounterMetricFamily("nexarch_queue_vacuums",
+                                  "VACUUMs of mail_index_jobs run by this process "
+                                  "(including those skipped because the table was busy).",
+                                  value=self.metrics.vacuums())
+        yield CounterMetricFamily("nexarch_queue_vacuum_seconds",
+                                  "Seconds this process spent vacuuming mail_index_jobs.",
+                                  value=self.metrics.vacuum_seconds())
         pending = GaugeMetricFamily(
             "nexarch_import_pending_messages", "UIDs the server had announced (UIDNEXT) above "
             "the mailbox's watermark at its last run.", labels=["tenant", "mailbox"])

@@ -142,6 +142,9 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                                extra_channels=channels)
         metrics = Metrics()
         metrics.listener_reconnects = lambda: service.listener.reconnects
+        metrics.pruned_jobs = lambda: service.sweeper.pruned
+        metrics.vacuums = lambda: service.vacuum.vacuums
+        metrics.vacuum_seconds = lambda: service.vacuum.seconds
         service.pool.metrics = metrics
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, service)

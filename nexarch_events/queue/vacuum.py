@@ -71,6 +71,8 @@ class TableVacuum:
         self.settings = settings or queue.settings
         #: Vacuums run (including those Postgres skipped for a lock).
         self.vacuums = 0
+        #: Seconds spent in them.
+        self.seconds = 0.0
         #: Dead versions the last vacuum left behind (the baseline).
         self.left_behind = 0
 
@@ -111,6 +113,7 @@ class TableVacuum:
             await conn.aclose()
         took = trio.current_time() - started
         self.vacuums += 1
+        self.seconds += took
         self.left_behind = await self.queue.dead_rows()
         log.debug("vacuumed mail_index_jobs in %.2fs, %d dead row version(s) left", took,
                   self.left_behind)

@@ -30,6 +30,9 @@ ROW = {"tenant_slug": "acme", "mailbox_name": 'in"box\\new\nline', "server_uidne
 def test_names_types_values_and_escaping() -> None:
     metrics = Metrics()
     metrics.listener_reconnects = lambda: 2
+    metrics.pruned_jobs = lambda: 1500
+    metrics.vacuums = lambda: 3
+    metrics.vacuum_seconds = lambda: 0.75
     metrics.count_ack(AckResult({JobId(1): JobStatus.SUCCEEDED, JobId(2): JobStatus.PENDING},
                                 (JobId(3),)))
     metrics.count_import_run("acme", ROW["mailbox_name"], ok=True, imported=4)
@@ -43,6 +46,9 @@ def test_names_types_values_and_escaping() -> None:
     assert got[("nexarch_jobs_total", (("outcome", "refused"),))] == 1
     assert got[("nexarch_jobs_total", (("outcome", "failed"),))] == 0
     assert got[("nexarch_listener_reconnects_total", ())] == 2
+    assert got[("nexarch_queue_pruned_jobs_total", ())] == 1500
+    assert got[("nexarch_queue_vacuums_total", ())] == 3
+    assert got[("nexarch_queue_vacuum_seconds_total", ())] == 0.75
     box = (("mailbox", ROW["mailbox_name"]), ("tenant", "acme"))  # parsed back intact
     assert got[("nexarch_import_pending_messages", box)] == 3
     assert got[("nexarch_import_lag_seconds", box)] == 4.25

@@ -81,6 +81,7 @@ async def test_a_fast_queue_is_vacuumed_every_few_seconds_never_back_to_back(
     assert min(gaps(table.starts)) >= MIN_PAUSE + 0.2 - 1e-9
     assert len(table.starts) >= 120 / (MIN_PAUSE + CHECK_INTERVAL + 0.2)
     assert table.connections_open == 0, "each vacuum's connection is closed"
+    assert vacuum.seconds == pytest.approx(0.2 * vacuum.vacuums)
 
 
 async def test_a_slow_vacuum_waits_duty_times_as_long_before_the_next(
