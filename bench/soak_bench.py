@@ -40,7 +40,9 @@ used to measure itself): nothing that scans the job table.
   first, so this is the rows in the table up to the few jobs below that id
   that finished a moment later and are not pruned yet); heap and index sizes
   are file sizes; ``dead`` is ``n_dead_tup`` from ``pg_stat_user_tables``
-  (cumulative statistics: they may lag several seconds). This replaced a
+  (cumulative statistics: they may lag several seconds); ``vac`` and
+  ``autovac`` are the table's ``vacuum_count`` (the service's own vacuums,
+  queue/vacuum.py) and ``autovacuum_count`` so far. This replaced a
   ``count(*)`` of the whole table per window.
 - The tail: ``--jobs`` are measured, and ``--backlog`` more are enqueued
   behind them and drain untimed, so the producer keeps the backlog full, and
@@ -82,8 +84,9 @@ SELECT $1::bigint - (SELECT max_id FROM mail_index_jobs_pruned) AS rows,
        pg_relation_size('mail_index_jobs') AS heap,
        pg_indexes_size('mail_index_jobs') AS indexes,
        pg_total_relation_size('mail_index_jobs') AS total,
-       (SELECT n_dead_tup FROM pg_stat_user_tables
-         WHERE relid = 'mail_index_jobs'::regclass) AS dead
+       s.n_dead_tup AS dead, s.vacuum_count AS vacuums, s.autovacuum_count AS autovacuums
+  FROM pg_stat_user_tables s
+ WHERE s.relid = 'mail_index_jobs'::regclass
 """
 # Exact, but a sequential scan of the whole table: after the timed part only,
 # or when no job finished for --stall seconds.
@@ -201,7 +204,8 @@ async def soak(args: argparse.Namespace) -> int:
               f"window {args.window}, server autovacuum={autovacuum}"
               f"{' (embedded server)' if args.embedded else ''}")
         print(f"{'finished':>10} {'t_s':>7} {'jobs/s':>8} {'rows~':>8} {'heap_MB':>8} "
-              f"{'index_MB':>8} {'total_MB':>8} {'dead':>8} {'min_open':>8}")
+              f"{'index_MB':>8} {'total_MB':>8} {'dead':>8} {'min_open':>8} {'vac':>5} "
+              f"{'autovac':>7}")
         while True:
             if worker.poll() is not None:
                 raise RuntimeError(f"the worker exited with {worker.returncode}; see {args.log}")
@@ -221,12 +225,13 @@ async def soak(args: argparse.Namespace) -> int:
                 window = {"finished": done_at, "t_s": t - started, "jobs_per_s": rate,
                           "rows": row["rows"], "heap": row["heap"], "indexes": row["indexes"],
                           "total": row["total"], "dead": row["dead"] or 0,
-                          "min_open": min_open}
+                          "min_open": min_open, "vacuums": row["vacuums"] or 0,
+                          "autovacuums": row["autovacuums"] or 0}
                 windows.append(window)
                 print(f"{done_at:>10} {window['t_s']:>7.0f} {rate:>8.0f} {row['rows']:>8} "
                       f"{mb(row['heap']):>8} {mb(row['indexes']):>8} {mb(row['total']):>8} "
-                      f"{window['dead']:>8} {'-' if min_open is None else min_open:>8}",
-                      flush=True)
+                      f"{window['dead']:>8} {'-' if min_open is None else min_open:>8} "
+                      f"{window['vacuums']:>5} {window['autovacuums']:>7}", flush=True)
                 window_t, window_done, min_open = t, done_at, None
             done = finished.done
             if done >= to_enqueue:
