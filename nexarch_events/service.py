@@ -1,6 +1,7 @@
 """The queue service: one nursery holds the listener, the wake-up pump, the
-workers, the sweeper and the job table's vacuum. ``serve`` is what ``nexarch-events worker`` runs;
-embedders call it (or ``QueueService``) from their own trio code.
+workers, the sweeper and the job table's vacuum. ``serve`` is what
+``nexarch-events worker`` runs; embedders call it (or ``QueueService``) from
+their own trio code.
 
 Shutdown: the first SIGTERM/SIGINT (or ``QueueService.shutdown``) stops
 claims and gives in-flight jobs ``shutdown_grace`` seconds; unfinished ones
@@ -83,7 +84,7 @@ class QueueService:
                 await nursery.start(self.sweeper.run)
                 await nursery.start(self.vacuum.run)
                 # Returns once shutdown() has finished every worker; the
-                # listener and sweeper then have nothing left to serve.
+                # listener, sweeper and vacuum then have nothing left to serve.
                 await self.pool.run(task_status=task_status)
                 nursery.cancel_scope.cancel()
 

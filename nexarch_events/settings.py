@@ -47,10 +47,10 @@ class QueueSettings:
     #: they finished (0: keep them forever).
     retain_succeeded: float = 7 * 86400.0
     retain_failed: float = 30 * 86400.0
-    #: The sweeper vacuums the job table once this many dead row versions
-    #: have piled up (each job leaves three: claim, ack, prune), so claims do
-    #: not wade through them until autovacuum comes by (0: leave it to
-    #: autovacuum). Paced: see queue/vacuum.py.
+    #: Each service process vacuums the job table once this many more dead
+    #: row versions than the last vacuum left have piled up (each job leaves
+    #: three: claim, ack, prune), so claims do not wade through them until
+    #: autovacuum comes by (0: leave it to autovacuum). See queue/vacuum.py.
     vacuum_dead_rows: int = 25_000
 
     def __post_init__(self) -> None:

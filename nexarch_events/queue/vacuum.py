@@ -64,6 +64,9 @@ OpenConnection = Callable[[], Awaitable[Connection]]
 
 
 class TableVacuum:
+    """The vacuum task of one process (``run``); ``open_connection`` opens
+    the connection each VACUUM runs on."""
+
     def __init__(self, queue: Queue, open_connection: OpenConnection,
                  settings: QueueSettings | None = None) -> None:
         self.queue = queue
