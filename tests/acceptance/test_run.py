@@ -22,6 +22,7 @@ from tests.support.mailgen import unique_token
 
 ACME_TOKEN = "acme-token-" + "x" * 24
 OTHER_TOKEN = "other-token-" + "y" * 24
+ADMIN_TOKEN = "admin-token-" + "z" * 24
 
 
 def write_config(path: Path) -> Path:
@@ -39,6 +40,9 @@ token_sha256 = "{hashlib.sha256(ACME_TOKEN.encode()).hexdigest()}"
 name = "other"
 tenant = "other"
 token = "{OTHER_TOKEN}"
+[[api.tokens]]
+name = "ops"
+token = "{ADMIN_TOKEN}"
 ''')
     return path
 
@@ -98,6 +102,14 @@ async def test_run_imports_indexes_serves_search_and_stops_cleanly(
                 assert mailboxes[0]["last_synced_uid"] >= 1
                 theirs_mb = (await client.get("/mailboxes", headers=other)).json()
                 assert theirs_mb["mailboxes"] == []
+                # The job table's upkeep is wired to this process's /metrics.
+                scrape = await client.get(
+                    "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                assert scrape.status_code == 200
+                for counter in ("nexarch_queue_pruned_jobs_total",
+                                "nexarch_queue_vacuums_total",
+                                "nexarch_queue_vacuum_seconds_total"):
+                    assert f"\n{counter} " in scrape.text, counter
             proc.send_signal(signal.SIGTERM)
             while chunk := await proc.stderr.receive_some():
                 log += chunk
@@ -111,5 +123,5 @@ async def test_run_imports_indexes_serves_search_and_stops_cleanly(
     # JSON log lines (log_format = "json" in the file), no secret in them.
     text = log.decode()
     assert '"level": "INFO"' in text
-    for secret in (ACME_TOKEN, OTHER_TOKEN, dovecot.users["alice"]):
+    for secret in (ACME_TOKEN, OTHER_TOKEN, ADMIN_TOKEN, dovecot.users["alice"]):
         assert secret not in text
