@@ -327,8 +327,8 @@ SELECT count(*) AS n FROM gone;
 
 -- name: dead_rows
 -- Dead row versions of the job table by the cumulative statistics (they may
--- lag a second or so; VACUUM resets them at once): the sweeper's vacuum
--- decides by this.
+-- lag a second or so; VACUUM resets them at once): the vacuum task
+-- (queue/vacuum.py) decides by this.
 SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables
                   WHERE relid = 'mail_index_jobs'::regclass), 0) AS n;
 

@@ -43,7 +43,7 @@ async def make_dead_rows(db: Database, queue: Queue, n: int) -> None:
     await db.execute("UPDATE mail_index_jobs SET attempts = attempts")
 
 
-def vacuum_for(db: Database, queue: Queue, url: str) -> TableVacuum:
+def vacuum_for(queue: Queue, url: str) -> TableVacuum:
     return TableVacuum(queue, partial(Connection.open, url, application_name="test/vacuum"))
 
 
@@ -51,7 +51,7 @@ async def test_dead_rows_past_the_threshold_are_vacuumed(db: Database,
                                                          database_url: str) -> None:
     await without_autovacuum(db)
     queue = Queue(db, QueueSettings(vacuum_dead_rows=500))
-    vacuum = vacuum_for(db, queue, database_url)
+    vacuum = vacuum_for(queue, database_url)
     before = await vacuum_count(db)
     async with trio.open_nursery() as nursery:
         await nursery.start(vacuum.run)
@@ -70,7 +70,7 @@ async def test_dead_rows_past_the_threshold_are_vacuumed(db: Database,
 async def test_a_table_someone_else_vacuums_is_skipped_not_waited_for(
         db: Database, database_url: str) -> None:
     queue = Queue(db, QueueSettings(vacuum_dead_rows=500))
-    vacuum = vacuum_for(db, queue, database_url)
+    vacuum = vacuum_for(queue, database_url)
     # The lock a running (auto)vacuum holds, held by another session.
     holder = await Connection.open(database_url)
     try:
@@ -100,7 +100,7 @@ async def test_a_role_that_may_not_vacuum_says_so_once_and_stops(
     async with Database.open(stranger_url) as db:
         queue = Queue(db, QueueSettings(vacuum_dead_rows=1))
         assert not await queue.vacuum_allowed()
-        vacuum = vacuum_for(db, queue, stranger_url)
+        vacuum = vacuum_for(queue, stranger_url)
         with caplog.at_level(logging.WARNING, logger="nexarch_events.queue.vacuum"):
             with trio.fail_after(10):
                 await vacuum.run()  # returns: nothing it could do

@@ -13,10 +13,15 @@ import pytest
 import trio
 import trio.testing
 
-from nexarch_events.aio import Connection
 from nexarch_events.errors import DatabaseUnavailable
 from nexarch_events.queue.jobs import Queue
-from nexarch_events.queue.vacuum import CHECK_INTERVAL, DUTY, MIN_PAUSE, TableVacuum
+from nexarch_events.queue.vacuum import (
+    CHECK_INTERVAL,
+    DUTY,
+    MIN_PAUSE,
+    OpenConnection,
+    TableVacuum,
+)
 from nexarch_events.settings import QueueSettings
 
 THRESHOLD = 50_000
@@ -61,7 +66,7 @@ class Table:
 
 
 async def vacuum_for(table: Table, seconds: float) -> TableVacuum:
-    vacuum = TableVacuum(cast(Queue, table), cast("type[Connection]", table.open), table.settings)
+    vacuum = TableVacuum(cast(Queue, table), cast(OpenConnection, table.open), table.settings)
     with trio.move_on_after(seconds):
         await vacuum.run()
     return vacuum
