@@ -349,11 +349,13 @@ def config_for(dovecot: Dovecot, name: str, folder: str) -> MailboxConfig:
 
 
 async def timed_sync(url: str, config: MailboxConfig, password: str,
-                     meters: dict[str, CpuMeter]) -> dict[str, Any]:
+                     meters: dict[str, CpuMeter],
+                     limits: ImportLimits | None = None) -> dict[str, Any]:
     before = {name: m.read() for name, m in meters.items()}
     client_before = own_cpu()
     start = time.perf_counter()
-    report: SyncReport = await run_sync(url, config, password)
+    report: SyncReport = await run_sync(url, config, password,
+                                        limits=limits or ImportLimits())
     elapsed = time.perf_counter() - start
     client = own_cpu() - client_before
     cpu: dict[str, float | None] = {"client_s": round(client, 2)}
@@ -576,7 +578,11 @@ async def part1(urls: dict[str, str], dovecot: Dovecot, folder: str, profile_fol
     print("  sync ...", flush=True)
     result["sync"] = await timed_sync(urls["sync"], config_for(dovecot, "bench", folder),
                                       password, meters)
-    print(f"  sync: {result['sync']['msgs_per_s']} msg/s; IMAP only ...", flush=True)
+    print(f"  sync: {result['sync']['msgs_per_s']} msg/s; one at a time ...", flush=True)
+    result["sync_one"] = await timed_sync(urls["sync_one"], config_for(dovecot, "one", folder),
+                                          password, meters, ImportLimits(in_flight=1))
+    print(f"  one at a time: {result['sync_one']['msgs_per_s']} msg/s; IMAP only ...",
+          flush=True)
     result["imap_only"], bodies, uidvalidity = await imap_only(dovecot, folder, password,
                                                                ImportLimits())
     print("  commit floors ...", flush=True)
@@ -951,6 +957,10 @@ def print_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
             pr(f"    run_sync (plain IMAP, default limits, 1 commit/message): "
                f"{s['archived']:,} in {s['seconds']} s = {s['msgs_per_s']} msg/s, "
                f"{s['mb_per_s']} MB/s   {'PASS' if ok else 'MISS'} (>= {TARGET_RATE:.0f})")
+            one = r["sync_one"]
+            pr(f"    the same, one message at a time (in_flight=1, as before 0026): "
+               f"{one['archived']:,} in {one['seconds']} s = {one['msgs_per_s']} msg/s; "
+               f"two in flight / one: {s['msgs_per_s'] / one['msgs_per_s']:.2f} x")
             cpu = s["cpu"]
             pr(f"    CPU during the sync: this process {cpu['client_s']} s, postgres "
                f"{cpu.get('postgres_s')} s, dovecot {cpu.get('dovecot_s')} s "
@@ -1128,7 +1138,7 @@ def main() -> None:
                 dovecot.append_many(USER, profile_folder, corpus[:profile_count])
             del corpus
             pr(f"appended {count:,} messages in {append_s:.1f} s; part 1 ...")
-            urls = {"sync": fresh_db(), "replay": fresh_db()}
+            urls = {"sync": fresh_db(), "sync_one": fresh_db(), "replay": fresh_db()}
             if profile_folder:
                 urls["profile"] = fresh_db()
             result = aio_run(part1, urls, dovecot, "Bench", profile_folder, args.floor_count)

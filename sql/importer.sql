@@ -36,9 +36,10 @@ SELECT b.*, (SELECT s.fetch_window FROM mail_import_state s
 -- name: import_message
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID (NULL: not trusted),
 -- $5 mode (new | recovered | unstable), $6 sha256, $7 size, $8 raw,
--- $9 INTERNALDATE or NULL, $10 the location's note or NULL (migration 0020).
+-- $9 INTERNALDATE or NULL, $10 the location's note or NULL (migration 0020),
+-- $11 the UID this import follows when two are in flight, or NULL (0026).
 SELECT * FROM mail_import_message($1, $2, $3::bigint, $4::bigint, $5, $6, $7::int, $8,
-                                  $9::timestamptz, $10::text);
+                                  $9::timestamptz, $10::text, $11::bigint);
 
 -- name: record_failure
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID, $5 error, $6 is a retry.

@@ -326,10 +326,15 @@ class Database(Executor):
             for _, conn in idle:
                 conn.terminate()  # no-op for the ones that closed
 
-    async def _take(self) -> tuple[int, Any]:
+    async def _take(self, *, wait: bool = True) -> tuple[int, Any]:
+        """A slot and a connection in it. ``wait=False``: raises
+        trio.WouldBlock at once if every slot is taken."""
         if self._closed:
             raise DatabaseUnavailable("the connection pool is closed")
-        await self._slots.acquire()
+        if wait:
+            await self._slots.acquire()
+        else:
+            self._slots.acquire_nowait()
         try:
             while self._idle:
                 generation, conn = self._idle.pop()
@@ -383,6 +388,25 @@ class Database(Executor):
     @asynccontextmanager
     async def acquire(self) -> AsyncIterator[Connection]:
         generation, conn = await self._take()
+        async with self._lent(generation, conn) as lent:
+            yield lent
+
+    @asynccontextmanager
+    async def acquire_nowait(self) -> AsyncIterator[Connection | None]:
+        """A connection if the pool has one without waiting for another
+        caller to give one back (an idle one, or room to open one), else
+        None. For work that can do without: it never queues behind the
+        pool's other users."""
+        try:
+            generation, conn = await self._take(wait=False)
+        except trio.WouldBlock:
+            yield None
+            return
+        async with self._lent(generation, conn) as lent:
+            yield lent
+
+    @asynccontextmanager
+    async def _lent(self, generation: int, conn: Any) -> AsyncIterator[Connection]:
         reusable = False
         try:
             yield Connection(conn)

@@ -100,11 +100,12 @@ def queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
     return aio_run(go)
 
 
-def registry_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
+def registry_call(url: str, settings: Settings, fn: Callable[[Any], Any], *,
+                  connections: int = 1) -> Any:
     from ..importer.mailboxes import MailboxRegistry
 
     async def go() -> Any:
-        async with Database.open(url, max_size=1, **settings.pool_options()) as db:
+        async with Database.open(url, max_size=connections, **settings.pool_options()) as db:
             return await fn(MailboxRegistry(db))
 
     return aio_run(go)

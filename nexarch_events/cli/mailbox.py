@@ -209,7 +209,8 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
         finally:
             await sign_in.aclose()
 
-    report = registry_call(url, settings, go)
+    # Two connections: the run's, and a spare for new messages in flight.
+    report = registry_call(url, settings, go, connections=2)
     print(json.dumps({"mailbox": f"{args.tenant}/{args.name}", "mode": report.mode,
                       "uidvalidity": report.uidvalidity, "imported": report.imported,
                       "duplicates": report.duplicates, "recovered": report.recovered,

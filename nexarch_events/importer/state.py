@@ -142,13 +142,21 @@ class StateStore:
     async def import_message(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
                              uid: int | None, mode: str, raw: bytes, *,
                              internaldate: datetime | None = None,
-                             note: str | None = None) -> Archived:
+                             note: str | None = None, after: int | None = None,
+                             sha256: bytes | None = None) -> Archived:
         """Archive + index job + location (with its INTERNALDATE and note) +
         (mode "new") advance to ``uid`` + NOTIFY: one statement, one
-        transaction."""
+        transaction.
+
+        ``after``: the UID this one follows while two imports are in flight
+        (importer/pipeline.py): the transaction waits for that one's to end
+        and advances only from exactly ``after``, else raises DatabaseError
+        with SQLSTATE NXI02 (send it again once that one has settled).
+        ``sha256``: ``content_hash(raw)`` if the caller has it already."""
         row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
-                                     uidvalidity, uid, mode, content_hash(raw), len(raw), raw,
-                                     internaldate, note)
+                                     uidvalidity, uid, mode,
+                                     content_hash(raw) if sha256 is None else sha256,
+                                     len(raw), raw, internaldate, note, after)
         assert row is not None
         return Archived(archive_id=row["archive_id"], created=row["created"],
                         job_id=None if row["job_id"] is None else JobId(row["job_id"]),

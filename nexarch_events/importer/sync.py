@@ -7,7 +7,8 @@ watermark with UID SEARCH (a sparse mailbox is never walked as a number range;
 chunks → fetch bodies with ``BODY.PEEK[]`` in batches bounded by count and
 bytes (memory stays flat however large the mailbox) → per message ONE
 transaction: archive (dedup by content hash), index job, location, advance,
-NOTIFY (``StateStore.import_message``).
+NOTIFY (``StateStore.import_message``); new messages two at a time on two
+connections, committed in UID order by Postgres (``pipeline.py``).
 
 Nothing a server says is taken on trust:
 
@@ -41,8 +42,8 @@ Nothing a server says is taken on trust:
 - An unsolicited ``* n FETCH (FLAGS (...))`` without UID (RFC 3501 §7.4.2)
   is a flag update, not an anomaly: ignored.
 
-A crash at any point loses at most the message in flight: everything before
-it committed with its advance; nothing after it was written.
+A crash at any point costs at most the messages in flight (two): everything
+before them committed with its advance; they are fetched again.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ from ..errors import (
     ImapUnavailable,
     NexarchError,
 )
-from ..mail.archive import MAX_MESSAGE_BYTES
+from ..mail.archive import MAX_MESSAGE_BYTES, Archived
 from .mailboxes import MailboxConfig
+from .pipeline import InFlightImports, SpareConnection, open_in_flight
 from .protocol import (
     MAX_UID,
     FetchedItem,
@@ -121,6 +123,13 @@ class ImportLimits:
     #: After a cut reply the fetch window (messages per FETCH, at most
     #: probe_chunk) halves; it doubles again after this many clean replies.
     window_grow_after: int = 4
+    #: New messages in flight at once, each on its own connection, committed
+    #: in UID order (importer/pipeline.py): 2, or 1 for one at a time.
+    in_flight: int = 2
+
+    def __post_init__(self) -> None:
+        if self.in_flight not in (1, 2):
+            raise ValueError(f"in_flight must be 1 or 2, got {self.in_flight!r}")
 
 
 @dataclass(slots=True)
@@ -143,6 +152,9 @@ class SyncReport:
     throttled: int = 0
     #: Delta passes (more than one: mail arrived during the run).
     passes: int = 0
+    #: The most new messages that were in flight at once (2: a second
+    #: connection overlapped their transactions; importer/pipeline.py).
+    max_in_flight: int = 0
     last_synced_uid: int = 0
     warnings: list[str] = field(default_factory=list)
 
@@ -157,10 +169,12 @@ class SyncReport:
 
 
 async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSession,
-                    limits: ImportLimits = ImportLimits()) -> SyncReport:
+                    limits: ImportLimits = ImportLimits(),
+                    spare: SpareConnection | None = None) -> SyncReport:
     """One run over an open session, on the executor that holds the run
     lock. Raises ImapError / DatabaseError on failure; everything committed
-    before that stays committed."""
+    before that stays committed. ``spare``: where a second connection for
+    new messages in flight comes from (None: one at a time)."""
     tenant, name = config.tenant_slug, config.name
     report = SyncReport(tenant, name)
     folder = mailbox_argument(config.folder)
@@ -180,7 +194,8 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
                     f"{status.uidvalidity}: full resync, archived messages re-mapped "
                     "by content hash")
     window = _Window(store, tenant, name, start.fetch_window, limits)
-    run = _Run(store, config, session, limits, report, status.uidvalidity, window)
+    run = _Run(store, config, session, limits, report, status.uidvalidity, window,
+               spare if limits.in_flight > 1 else None)
     await run.retry_failures()
     while True:
         seen = session.exists_seen
@@ -256,11 +271,17 @@ class _Window:
 class _Run:
     def __init__(self, store: StateStore, config: MailboxConfig, session: ImapSession,
                  limits: ImportLimits, report: SyncReport, uidvalidity: int,
-                 window: _Window) -> None:
+                 window: _Window, spare: SpareConnection | None) -> None:
         self.store, self.config, self.session = store, config, session
         self.limits, self.report, self.uidvalidity = limits, report, uidvalidity
         self.window = window
+        self.spare = spare
         self.pending: dict[int, PendingFailure] = {}
+        #: New messages in flight (during a body batch of a delta pass).
+        self.imports: InFlightImports | None = None
+        #: The UID the next new message follows: the watermark once
+        #: everything sent or recorded before it has committed.
+        self.after = 0
 
     async def _imap(self, fn: Callable[P, Awaitable[T]], *args: P.args,
                     **kwargs: P.kwargs) -> T:
@@ -287,6 +308,7 @@ class _Run:
         uids = sorted({u for u in found if watermark < u <= MAX_UID})
         if len(uids) != len(found) and any(u == 0 or u > MAX_UID for u in found):
             self.report.warn("UID SEARCH returned UID 0 or a value above 2^32-1 (ignored)")
+        self.after = watermark
         await self._import(uids, retry=False)
 
     async def _import(self, uids: Sequence[int], *, retry: bool) -> None:
@@ -320,10 +342,12 @@ class _Run:
         except ImapThrottled:
             raise
         except ImapUnavailable as exc:
+            await self._settle()
             shrunk = await self.window.cut(received)
             raise ImapUnavailable(f"{exc}; the reply was cut after {received} of {len(uids)} "
                                   f"message(s): asking for {shrunk} per FETCH from now "
                                   "on") from None
+        await self._settle()
         await self.window.clean()
 
     async def _probe(self, uids: Sequence[int]) -> dict[int, int]:
@@ -379,13 +403,46 @@ class _Run:
                 order.append(item.uid)
                 await settle_ready()
 
-        await self._fetch(uids, _BODIES, on_item, limit=self.limits.fetch_timeout)
-        for uid in uids[next_index:]:
-            got = arrived.pop(uid, None)
-            if got is None:
-                await self._failed(uid, _problem(None) or "", retry=retry)
-            else:
-                await self._store(uid, got, retry=retry)
+        async with self._in_flight(len(uids), retry=retry):
+            await self._fetch(uids, _BODIES, on_item, limit=self.limits.fetch_timeout)
+            for uid in uids[next_index:]:
+                got = arrived.pop(uid, None)
+                if got is None:
+                    await self._failed(uid, _problem(None) or "", retry=retry)
+                else:
+                    await self._store(uid, got, retry=retry)
+
+    @asynccontextmanager
+    async def _in_flight(self, batch: int, *, retry: bool) -> AsyncIterator[None]:
+        """New messages of this batch go through ``self.imports``: up to two
+        in flight when a spare connection is to be had, else one at a time
+        (the same path, so the same order guarantee). Retries of recorded
+        failures are imported one at a time on the run's connection."""
+        if retry:
+            yield
+            return
+        spare = self.spare.borrow(batch) if self.spare is not None else _no_spare()
+        async with spare as extra, open_in_flight(
+                [self.store] if extra is None else [self.store, extra],
+                tenant=self.config.tenant_slug, mailbox=self.config.name,
+                uidvalidity=self.uidvalidity, on_settled=self._imported) as imports:
+            self.imports = imports
+            try:
+                yield
+            finally:
+                self.imports = None
+                self.report.max_in_flight = max(self.report.max_in_flight, imports.most)
+
+    async def _settle(self) -> None:
+        """Before anything else uses the run's connection: wait for the
+        messages in flight (one of them may be on it)."""
+        if self.imports is not None:
+            await self.imports.settle()
+
+    def _imported(self, uid: int, archived: Archived) -> None:
+        self.report.imported += 1
+        self.report.duplicates += not archived.created
+        self.report.last_synced_uid = uid
 
     async def _store(self, uid: int, got: FetchedItem, *, retry: bool) -> None:
         problem = _problem(got)
@@ -403,16 +460,16 @@ class _Run:
         assert got.body is not None
         if note is not None:
             self.report.warn(f"UID {uid}: {note}")
-        archived = await self.store.import_message(
-            self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
-            "recovered" if retry else "new", got.body, internaldate=got.internaldate,
-            note=note)
         if retry:
+            await self.store.import_message(
+                self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
+                "recovered", got.body, internaldate=got.internaldate, note=note)
             self.report.recovered += 1
-        else:
-            self.report.imported += 1
-            self.report.duplicates += not archived.created
-            self.report.last_synced_uid = uid
+            return
+        assert self.imports is not None
+        await self.imports.submit(uid, self.after, got.body, internaldate=got.internaldate,
+                                  note=note)
+        self.after = uid
 
     def _accept_mismatch(self, uid: int, problem: str) -> bool:
         """A size mismatch seen on every attempt so far, on the attempt that
@@ -430,19 +487,26 @@ class _Run:
                          "mailbox are not trusted; its content is archived without a location "
                          "and the UID asked for is retried")
         if item.body:
+            await self._settle()
             await self.store.import_message(self.config.tenant_slug, self.config.name,
                                             self.uidvalidity, None, "unstable", item.body)
             self.report.untrusted += 1
 
     async def _failed(self, uid: int, problem: str, *, retry: bool) -> None:
+        await self._settle()
         attempts = await self.store.record_failure(
             self.config.tenant_slug, self.config.name, self.uidvalidity, uid, problem,
             retry=retry)
         self.report.failed += 1
         if not retry:
-            self.report.last_synced_uid = uid
+            self.report.last_synced_uid = self.after = uid
         log.warning("mailbox %s/%s: UID %d not imported (attempt %d): %s",
                     self.config.tenant_slug, self.config.name, uid, attempts, problem)
+
+
+@asynccontextmanager
+async def _no_spare() -> AsyncIterator[None]:
+    yield None
 
 
 def _problem(item: FetchedItem | None) -> str | None:
@@ -548,7 +612,10 @@ async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | 
     ``db``: a pool (a warm connection is borrowed: no connect, statements
     already planned - about 15 ms less per run, which matters for IDLE-driven
     runs; behind a transaction pooler, a direct one of the run's own: see
-    ``Database.session``) or a URL (a connection of the run's own)."""
+    ``Database.session``) or a URL (a connection of the run's own). New
+    messages are imported two at a time where a second connection is to be
+    had (``limits.in_flight``; see importer/pipeline.py): from the pool if
+    one is free at once, or opened for the run from the URL."""
     if isinstance(sign_in, str):
         sign_in = SignIn(config, secret_key=None, password=sign_in)
     async with _run_connection(db, connect_timeout) as conn:
@@ -562,8 +629,10 @@ async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | 
             # lock is unknown, so this connection must not be reused.
             conn.abort()
             raise
+        spare = SpareConnection(db, connect_timeout=connect_timeout)
         try:
-            return await _locked_run(store, config, sign_in, session, limits, imap_timeout)
+            return await _locked_run(store, config, sign_in, session, limits, imap_timeout,
+                                     spare)
         finally:
             # A pooled connection must not go back holding the lock: unlock,
             # and if that cannot be confirmed, drop the connection (the
@@ -576,11 +645,12 @@ async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | 
                     pass
             if not unlocked:
                 conn.abort()
+            await spare.aclose()
 
 
 async def _locked_run(store: StateStore, config: MailboxConfig, sign_in: SignIn,
                       session: ImapSession | None, limits: ImportLimits,
-                      imap_timeout: float) -> SyncReport:
+                      imap_timeout: float, spare: SpareConnection) -> SyncReport:
     # A run that fails before mail_import_begin (connect, TLS, login,
     # EXAMINE) must still find a state row to record its error on.
     await store.get_or_create(config.tenant_slug, config.name)
@@ -589,7 +659,7 @@ async def _locked_run(store: StateStore, config: MailboxConfig, sign_in: SignIn,
     try:
         if session is None:
             session = await sign_in.open(config.endpoint(timeout=imap_timeout))
-        report = await sync_once(store, config, session, limits)
+        report = await sync_once(store, config, session, limits, spare)
     except (ImapError, DatabaseError, ConfigurationError) as exc:
         with trio.move_on_after(5, shield=True):
             try:
