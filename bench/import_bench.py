@@ -570,14 +570,15 @@ async def profiled_sync(url: str, config: MailboxConfig, password: str) -> dict[
 
 
 async def part1(urls: dict[str, str], dovecot: Dovecot, folder: str, profile_folder: str | None,
-                floor_count: int) -> dict[str, Any]:
+                floor_count: int, in_flight: int) -> dict[str, Any]:
     password = dovecot.users[USER]
     pg_meter = CpuMeter(await postmaster_pid(urls["sync"]))
     meters = {"postgres": pg_meter, "dovecot": CpuMeter(dovecot.pid)}
     result: dict[str, Any] = {"workload": "import_throughput"}
     print("  sync ...", flush=True)
     result["sync"] = await timed_sync(urls["sync"], config_for(dovecot, "bench", folder),
-                                      password, meters)
+                                      password, meters, ImportLimits(in_flight=in_flight))
+    result["in_flight"] = in_flight
     print(f"  sync: {result['sync']['msgs_per_s']} msg/s; one at a time ...", flush=True)
     result["sync_one"] = await timed_sync(urls["sync_one"], config_for(dovecot, "one", folder),
                                           password, meters, ImportLimits(in_flight=1))
@@ -954,7 +955,7 @@ def print_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
                f"padded, {c['trimmed']} trimmed; built {r['build_s']} s, MULTIAPPEND "
                f"{r['append_s']} s)")
             ok = s["msgs_per_s"] >= TARGET_RATE and s["archived"] == c["messages"]
-            pr(f"    run_sync (plain IMAP, default limits, 1 commit/message): "
+            pr(f"    run_sync (plain IMAP, in_flight={r['in_flight']}, 1 commit/message): "
                f"{s['archived']:,} in {s['seconds']} s = {s['msgs_per_s']} msg/s, "
                f"{s['mb_per_s']} MB/s   {'PASS' if ok else 'MISS'} (>= {TARGET_RATE:.0f})")
             one = r["sync_one"]
@@ -1052,6 +1053,8 @@ def main() -> None:
                         help="2,000 messages, 50 arrivals, 300-message profile")
     parser.add_argument("--only", default="throughput,searchable")
     parser.add_argument("--count", type=int, default=None, help="messages of part 1")
+    parser.add_argument("--in-flight", type=int, default=ImportLimits().in_flight,
+                        help="ImportLimits.in_flight of part 1's timed sync")
     parser.add_argument("--arrivals", type=int, default=None, help="measured APPENDs of part 2")
     parser.add_argument("--interval", type=float, default=0.15,
                         help="part 2: seconds from one APPEND's start to the next")
@@ -1141,7 +1144,8 @@ def main() -> None:
             urls = {"sync": fresh_db(), "sync_one": fresh_db(), "replay": fresh_db()}
             if profile_folder:
                 urls["profile"] = fresh_db()
-            result = aio_run(part1, urls, dovecot, "Bench", profile_folder, args.floor_count)
+            result = aio_run(part1, urls, dovecot, "Bench", profile_folder, args.floor_count,
+                             args.in_flight)
             result.update(corpus=corpus_info, build_s=round(build_s, 1),
                           append_s=round(append_s, 1))
             results.append(result)

@@ -195,45 +195,47 @@ async def open_in_flight(stores: Sequence[StateStore], *, tenant: str, mailbox: 
         raise errors[0]
 
 
-class SpareConnection:
-    """Where a run's second import connection comes from, for one run.
+class SpareConnections:
+    """Where a run's extra import connections come from, for one run.
 
-    A pool: one of its connections for a batch, if one is free at once
-    (never waited for: a busy pool imports one at a time). A URL: a
-    connection of the run's own, opened at the first batch that uses it and
-    closed by ``aclose``. Either way a connection that cannot be had means
-    one import at a time, with one INFO line per run."""
+    A pool: some of its connections for a batch, those free at once (never
+    waited for: a busy pool imports one at a time). A URL: connections of
+    the run's own, opened at the first batch that uses them and closed by
+    ``aclose``. A connection that cannot be had means fewer in flight, with
+    one INFO line per run."""
 
     def __init__(self, db: Database | str, *, connect_timeout: float = 10.0) -> None:
         self.db = db
         self.connect_timeout = connect_timeout
-        self._own: Connection | None = None
+        self._own: list[Connection] = []
         self._unavailable = False
 
     @asynccontextmanager
-    async def borrow(self, batch: int) -> AsyncIterator[StateStore | None]:
-        """A spare for a batch of ``batch`` messages, or None (one at a time)."""
+    async def borrow(self, batch: int, wanted: int) -> AsyncIterator[list[StateStore]]:
+        """Up to ``wanted`` spares for a batch of ``batch`` messages."""
         if batch < MIN_BATCH_FOR_SPARE or self._unavailable:
-            yield None
-            return
+            wanted = 0
         async with AsyncExitStack() as stack:
-            store: StateStore | None = None
+            stores: list[StateStore] = []
             try:
-                if isinstance(self.db, Database):
-                    conn = await stack.enter_async_context(self.db.acquire_nowait())
-                    store = None if conn is None else StateStore(conn)
-                else:
-                    if self._own is None:
-                        self._own = await Connection.open(
-                            self.db, connect_timeout=self.connect_timeout)
-                    store = StateStore(self._own)
+                while len(stores) < wanted:
+                    if isinstance(self.db, Database):
+                        conn = await stack.enter_async_context(self.db.acquire_nowait())
+                        if conn is None:
+                            break
+                        stores.append(StateStore(conn))
+                    else:
+                        if len(self._own) == len(stores):
+                            self._own.append(await Connection.open(
+                                self.db, connect_timeout=self.connect_timeout))
+                        stores.append(StateStore(self._own[len(stores)]))
             except DatabaseError as exc:
                 self._unavailable = True
-                log.info("no second connection for this run's imports (one at a time): %s",
-                         exc)
-            yield store
+                log.info("no more connections for this run's imports (%d in flight): %s",
+                         len(stores) + 1, exc)
+            yield stores
 
     async def aclose(self) -> None:
-        if self._own is not None:
-            own, self._own = self._own, None
-            await own.aclose()
+        own, self._own = self._own, []
+        for conn in own:
+            await conn.aclose()

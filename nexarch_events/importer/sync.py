@@ -68,7 +68,7 @@ from ..errors import (
 )
 from ..mail.archive import MAX_MESSAGE_BYTES, Archived
 from .mailboxes import MailboxConfig
-from .pipeline import InFlightImports, SpareConnection, open_in_flight
+from .pipeline import InFlightImports, SpareConnections, open_in_flight
 from .protocol import (
     MAX_UID,
     FetchedItem,
@@ -128,6 +128,7 @@ class ImportLimits:
     in_flight: int = 2
 
     def __post_init__(self) -> None:
+        # 3 measured slower than 2 (bench/README.md, "Two in flight").
         if self.in_flight not in (1, 2):
             raise ValueError(f"in_flight must be 1 or 2, got {self.in_flight!r}")
 
@@ -170,7 +171,7 @@ class SyncReport:
 
 async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSession,
                     limits: ImportLimits = ImportLimits(),
-                    spare: SpareConnection | None = None) -> SyncReport:
+                    spare: SpareConnections | None = None) -> SyncReport:
     """One run over an open session, on the executor that holds the run
     lock. Raises ImapError / DatabaseError on failure; everything committed
     before that stays committed. ``spare``: where a second connection for
@@ -271,7 +272,7 @@ class _Window:
 class _Run:
     def __init__(self, store: StateStore, config: MailboxConfig, session: ImapSession,
                  limits: ImportLimits, report: SyncReport, uidvalidity: int,
-                 window: _Window, spare: SpareConnection | None) -> None:
+                 window: _Window, spare: SpareConnections | None) -> None:
         self.store, self.config, self.session = store, config, session
         self.limits, self.report, self.uidvalidity = limits, report, uidvalidity
         self.window = window
@@ -421,9 +422,10 @@ class _Run:
         if retry:
             yield
             return
-        spare = self.spare.borrow(batch) if self.spare is not None else _no_spare()
+        spare = self.spare.borrow(batch, self.limits.in_flight - 1) \
+            if self.spare is not None else _no_spare()
         async with spare as extra, open_in_flight(
-                [self.store] if extra is None else [self.store, extra],
+                [self.store, *extra],
                 tenant=self.config.tenant_slug, mailbox=self.config.name,
                 uidvalidity=self.uidvalidity, on_settled=self._imported) as imports:
             self.imports = imports
@@ -505,8 +507,8 @@ class _Run:
 
 
 @asynccontextmanager
-async def _no_spare() -> AsyncIterator[None]:
-    yield None
+async def _no_spare() -> AsyncIterator[list[StateStore]]:
+    yield []
 
 
 def _problem(item: FetchedItem | None) -> str | None:
@@ -629,7 +631,7 @@ async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | 
             # lock is unknown, so this connection must not be reused.
             conn.abort()
             raise
-        spare = SpareConnection(db, connect_timeout=connect_timeout)
+        spare = SpareConnections(db, connect_timeout=connect_timeout)
         try:
             return await _locked_run(store, config, sign_in, session, limits, imap_timeout,
                                      spare)
@@ -650,7 +652,7 @@ async def run_sync(db: Database | str, config: MailboxConfig, sign_in: SignIn | 
 
 async def _locked_run(store: StateStore, config: MailboxConfig, sign_in: SignIn,
                       session: ImapSession | None, limits: ImportLimits,
-                      imap_timeout: float, spare: SpareConnection) -> SyncReport:
+                      imap_timeout: float, spare: SpareConnections) -> SyncReport:
     # A run that fails before mail_import_begin (connect, TLS, login,
     # EXAMINE) must still find a state row to record its error on.
     await store.get_or_create(config.tenant_slug, config.name)
