@@ -141,6 +141,32 @@ async def test_the_importer_run_lock_holds_on_a_direct_connection_behind_a_poole
         assert report.last_synced_uid == 30
 
 
+async def test_two_imports_in_flight_through_a_transaction_pooler(
+        aio_loop: None, database_url: str, pgbouncer: PgBouncer) -> None:
+    """The spare connection of a run comes from the pooled URL: each import
+    is one statement, and its turn locks are transaction locks, so the order
+    holds on whichever server connection PgBouncer hands out."""
+    from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+    from nexarch_events.importer.sync import run_sync
+    from nexarch_events.testing import record_imports
+    from tests.integration.test_importer_traps import messages
+    from tests.support.imap_script import open_scripted_imap
+
+    async with Database.open(pgbouncer.url(database_url), max_size=4, statement_cache_size=0,
+                             session_dsn=database_url) as pooled, \
+            open_scripted_imap(messages(list(range(1, 61)))) as server, \
+            record_imports(database_url) as rec:
+        config = MailboxConfig(tenant_slug="acme", name="inbox", host=server.host,
+                               port=server.port, tls_mode="plain", username="user",
+                               password_ref="env:UNUSED")
+        await MailboxRegistry(pooled).add(config)
+        report = await run_sync(pooled, config, "secret", lock_wait=5)
+        assert report.max_in_flight == 2 and report.imported == 60
+        await rec.wait_for_imported(count=60)
+    rec.assert_in_uid_order()
+    assert [e.uid for e in rec.select()] == list(range(1, 61))
+
+
 async def test_a_retention_pass_behind_a_pooler_leaves_no_lock_behind(
         db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
     """One retention pass at a time is a session lock too: behind a pooler
