@@ -92,15 +92,10 @@ class InFlightImports:
         self._queue: deque[_Import] = deque()
         self.tenant, self.mailbox, self.uidvalidity = tenant, mailbox, uidvalidity
         self._on_settled = on_settled
-        self.depth = len(stores)
         #: Imports sent again (overtaken, or a deadlock victim): diagnostics.
         self.sent_again = 0
         #: The most imports that were in flight at once.
         self.most = 0
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._queue)
 
     async def submit(self, uid: int, after: int, raw: bytes, *,
                      internaldate: datetime | None = None, note: str | None = None) -> None:

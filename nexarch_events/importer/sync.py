@@ -348,7 +348,9 @@ class _Run:
             raise ImapUnavailable(f"{exc}; the reply was cut after {received} of {len(uids)} "
                                   f"message(s): asking for {shrunk} per FETCH from now "
                                   "on") from None
-        await self._settle()
+        if self.window.size < self.window.full:
+            # clean() may write the window on the run's connection.
+            await self._settle()
         await self.window.clean()
 
     async def _probe(self, uids: Sequence[int]) -> dict[int, int]:
