@@ -48,7 +48,8 @@ class QueueService:
                  handlers: Mapping[str, BatchHandler], *, name: str | None = None,
                  listen_job_events: bool = False,
                  extra_channels: tuple[str, ...] = ()) -> None:
-        # Behind a transaction pooler, LISTEN needs a direct connection.
+        # Behind a transaction pooler, LISTEN (and VACUUM) need a direct
+        # connection.
         listen_dsn = settings.listen_database_url or db.dsn
         self.settings = settings
         self.queue = Queue(db, settings.queue)
@@ -64,8 +65,10 @@ class QueueService:
         self.listener = Listener(listen_dsn, settings.queue, channels=channels,
                                  name=self.pool.name)
         self.sweeper = Sweeper(self.queue, self.pool.wakeups, settings.queue)
+        # VACUUM runs on a session of its own (it switches statement_timeout
+        # off there), so on the direct URL behind a transaction pooler.
         self.vacuum = TableVacuum(self.queue, partial(
-            Connection.open, db.dsn, connect_timeout=min(10.0, settings.command_timeout),
+            Connection.open, listen_dsn, connect_timeout=min(10.0, settings.command_timeout),
             command_timeout=VACUUM_TIMEOUT, statement_cache_size=0,
             application_name=f"nexarch-events/vacuum/{self.pool.name}"), settings.queue)
         self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)

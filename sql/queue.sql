@@ -334,11 +334,25 @@ SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables
 
 -- name: vacuum_allowed
 -- May this role VACUUM the job table? Postgres lets the table's owner, the
--- database's owner and superusers (pg_has_role is true for them), and only
--- warns, without an error, when anyone else tries.
-SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE') AS allowed
+-- database's owner and superusers (pg_has_role is true for them), and from
+-- 17 on also whoever holds MAINTAIN on it (granted, or through pg_maintain;
+-- the privilege name is an error before 17, hence the CASE), and only warns,
+-- without an error, when anyone else tries.
+SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS allowed
   FROM pg_class c, pg_database d
  WHERE c.oid = 'mail_index_jobs'::regclass AND d.datname = current_database();
+
+-- name: vacuum_session
+-- Before the VACUUM, on its session connection: a statement_timeout an
+-- operator set for the role or the database (sized for the service's
+-- one-row statements) would cancel every vacuum of a large table, each
+-- retried after a backoff and cancelled again. The vacuum is bounded by its
+-- connection's command timeout instead (queue/vacuum.py, VACUUM_TIMEOUT).
+-- Session-level, so never on a transaction-pooled connection, where it
+-- would stay on the server connection for the pooler's other clients.
+SET statement_timeout = 0;
 
 -- name: vacuum
 -- Outside any transaction, on a connection of its own. SKIP_LOCKED: if

@@ -195,14 +195,19 @@ class Queue:
         return int(await self.db.fetchval(_SQL["dead_rows"]))
 
     async def vacuum_allowed(self) -> bool:
-        """May this role vacuum the job table (owner of it or of the database)?"""
+        """May this role vacuum the job table (owner of it or of the database,
+        or, from Postgres 17, holder of MAINTAIN on it)?"""
         return bool(await self.db.fetchval(_SQL["vacuum_allowed"]))
 
     @staticmethod
     async def vacuum(conn: Executor) -> None:
         """VACUUM the job table on ``conn``, which must be outside a
         transaction and may be busy for seconds (not a pooled connection
-        whose command timeout is tuned for one-row statements)."""
+        whose command timeout is tuned for one-row statements), and a
+        session of its own (a direct URL, not a transaction pooler's): the
+        role's or database's ``statement_timeout`` is switched off on it
+        first, the connection's command timeout bounds the vacuum."""
+        await conn.execute(_SQL["vacuum_session"])
         await conn.execute(_SQL["vacuum"])
 
     async def cursor_pruned(self, job_id: int) -> bool:

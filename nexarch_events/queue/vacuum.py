@@ -17,6 +17,11 @@ for nothing) it runs ``VACUUM (SKIP_LOCKED) mail_index_jobs``:
 - on a connection of its own, opened for the vacuum and closed after it: a
   vacuum takes seconds on a large table, longer than a pooled connection's
   command timeout allows, and would hold a connection the workers need;
+  its ``statement_timeout`` is switched off (a role's or database's, sized
+  for one-row statements, would cancel every vacuum of a large table, each
+  retried and cancelled again), ``VACUUM_TIMEOUT`` bounds it instead; being
+  a session setting, this needs a session of its own, so the service opens
+  it on the direct URL when the work goes through a transaction pooler;
 - ``SKIP_LOCKED``: while autovacuum or another process vacuums the table,
   Postgres skips it (with a warning, not an error) instead of queueing;
 - paced: the next vacuum comes no sooner than ``MIN_PAUSE`` and no sooner
@@ -92,7 +97,8 @@ class TableVacuum:
                     allowed = await self.queue.vacuum_allowed()
                     if not allowed:
                         log.warning("this role may not vacuum mail_index_jobs (only its owner, "
-                                    "the database's owner or a superuser may): dead row versions "
+                                    "the database's owner, a superuser or, from Postgres 17, a "
+                                    "holder of MAINTAIN on it may): dead row versions "
                                     "are left to autovacuum; set queue.vacuum_dead_rows = 0 to "
                                     "silence this")
                         return

@@ -190,29 +190,32 @@ async def test_a_retention_pass_behind_a_pooler_leaves_no_lock_behind(
 # -- the job table's vacuum behind a pooler --------------------------------------
 
 
-async def test_the_job_table_is_vacuumed_through_a_transaction_pooler(
+async def test_behind_a_transaction_pooler_the_vacuum_goes_direct(
         db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
-    """VACUUM is one statement outside a transaction block: a transaction
-    pooler passes it like any other, on the connection the service opens for
-    it (with the pooled URL and no statement cache)."""
-    from functools import partial
-
-    from nexarch_events.aio import Connection
-    from nexarch_events.queue.vacuum import TableVacuum
+    """The vacuum switches statement_timeout off for its session: through a
+    transaction pooler that SET would stay on a server connection for the
+    pooler's other clients. The service opens it on the direct URL (as the
+    listener's); the pooler's connections keep the database's setting."""
+    from nexarch_events.service import QueueService
+    from nexarch_events.settings import Settings
     from tests.integration.test_vacuum import make_dead_rows, vacuum_count, without_autovacuum
 
     await without_autovacuum(db)
+    name = await db.fetchval("SELECT current_database()")
+    await db.execute(f'ALTER DATABASE "{name}" SET statement_timeout = \'7min\'')
     url = pgbouncer.url(database_url)
+    settings = Settings(database_url=url, listen_database_url=database_url,
+                        queue=QueueSettings(vacuum_dead_rows=500))
     before = await vacuum_count(db)
-    async with Database.open(url, statement_cache_size=0) as pooled:
-        queue = Queue(pooled, QueueSettings(vacuum_dead_rows=500))
-        vacuum = TableVacuum(queue, partial(Connection.open, url, statement_cache_size=0))
-        async with trio.open_nursery() as nursery:
-            await nursery.start(vacuum.run)
-            await make_dead_rows(pooled, queue, 1000)
-            with trio.fail_after(30):
-                while vacuum.vacuums == 0:
-                    await trio.sleep(0.1)
-            nursery.cancel_scope.cancel()
-    assert await vacuum_count(db) == before + 1
-    assert await Queue(db).dead_rows() < 500
+    async with Database.open(url, max_size=4, **settings.pool_options()) as pooled:
+        async def never(jobs: object) -> None:
+            raise AssertionError("no job is run here")
+
+        service = QueueService(pooled, settings, {"index": never, "delete": never})
+        await make_dead_rows(pooled, service.queue, 1000)
+        await service.vacuum.vacuum_once()
+        assert await vacuum_count(db) == before + 1
+        # The server connections the pooler hands this pool (a SET sent
+        # through it would stay on one of them).
+        for _ in range(8):
+            assert await pooled.fetchval("SHOW statement_timeout") == "7min"
