@@ -560,6 +560,54 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         #: The text of a ``* BYE`` the server sent (why it is about to close).
         self.bye: str | None = None
 
+    def data_received(self, data: bytes) -> None:
+        """aioimaplib's framing, walked in a loop instead of its recursion
+        (one call per line: a read of more than about 1,000 short lines,
+        e.g. a burst of flag updates or EXPUNGEs, raised RecursionError and
+        cost the session; and every line copied the rest of the read, so a
+        read of n lines cost O(n^2)), and without its DEBUG line that
+        formatted every read (bodies included) whether logged or not.
+        The same methods are called in the same order as there."""
+        pending: bytes = self.incomplete_line  # type: ignore[has-type]
+        raw = pending + data if pending else data
+        view = memoryview(raw)  # literal slices without copies
+        cmd: Any = self.current_command  # type: ignore[has-type]
+        pos = 0
+        try:
+            while True:
+                if pos == len(raw):
+                    if self.pending_sync_command is not None:
+                        self.pending_sync_command.flush()
+                    if cmd is not None and cmd.wait_data():
+                        raise aioimaplib.IncompleteRead(cmd)
+                    break
+                if cmd is not None and cmd.wait_literal_data():
+                    pos = len(raw) - len(cmd.append_literal_data(view[pos:]))
+                    if cmd.wait_literal_data():
+                        raise aioimaplib.IncompleteRead(cmd)
+                end = raw.find(b"\r\n", pos)
+                if end < 0:
+                    raise aioimaplib.IncompleteRead(cmd, raw[pos:])
+                line = raw[pos:end]
+                pos = end + 2
+                handled = self._handle_line(line, cmd)
+                literal = aioimaplib.literal_data_re.match(line)
+                if literal:
+                    if handled is None:
+                        handled = aioimaplib.Command("NIL", "unused")
+                    handled.begin_literal_data(int(literal.group("size")))
+                    cmd = handled
+                elif handled is not None and handled.wait_data():
+                    cmd = handled
+                else:
+                    cmd = None
+        except aioimaplib.IncompleteRead as incomplete:
+            self.current_command = incomplete.cmd
+            self.incomplete_line = incomplete.data
+        else:
+            self.incomplete_line = b""
+            self.current_command = None
+
     def _untagged_response(self, line: bytes) -> Any:
         if _EXISTS_LINE.match(line):
             self.exists_seen += 1

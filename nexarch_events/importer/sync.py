@@ -330,11 +330,13 @@ class _Run:
         it completes. A reply cut mid-way shrinks the fetch window (persisted)
         and fails the run with an error that says so; clean replies grow it."""
         received = 0
+        wanted = set(uids)
 
         async def on_response(parts: list[ReplyPart]) -> None:
             nonlocal received
             for item in parse_fetch(parts):
-                received += 1
+                # Responses to the request only: not unsolicited flag updates.
+                received += item.uid in wanted
                 await on_item(item)
 
         try:

@@ -113,6 +113,10 @@ class Faults:
     substitute_uids: set[int] = field(default_factory=set)
     # Every UID FETCH reply starts with ``* 1 FETCH (FLAGS (\Seen))``: no UID.
     unsolicited_flags: bool = False
+    # Every UID FETCH reply starts with this many unsolicited flag updates
+    # (``* n FETCH (FLAGS (\Seen))``, n = 1, 2, ...), in one write: another
+    # client marked that many messages read (RFC 3501 §7.4.2 allows them).
+    flag_update_burst: int = 0
     # After this many FETCH responses of one UID FETCH: ``* BYE``, close.
     bye_after_fetch_responses: int | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
@@ -574,6 +578,9 @@ class ScriptedImapServer:
                     message.flags.add("\\Seen")
         if self.faults.unsolicited_flags and self.messages:
             await connection.send("* 1 FETCH (FLAGS (\\Seen))")
+        if self.faults.flag_update_burst:
+            await connection.send("\r\n".join(f"* {n} FETCH (FLAGS (\\Seen))" for n in
+                                                range(1, self.faults.flag_update_burst + 1)))
         responses = 0
         for message in found:
             if message.uid in self.faults.empty_fetch_uids:

@@ -391,6 +391,18 @@ async def test_no_false_alarms_and_honest_counters(db: Database) -> None:
     assert (await state(db)).imported_total == 3
 
 
+async def test_a_burst_of_flag_updates_in_one_read_costs_nothing(db: Database) -> None:
+    """5,000 unsolicited flag updates in one write before each FETCH reply
+    (another client marked a folder read): aioimaplib's framing recursed once
+    per line and lost the session to a RecursionError past about 1,000."""
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(flag_update_burst=5000)) as server:
+        report = await sync(db, server)
+    st = await state(db)
+    assert (st.last_synced_uid, st.warning, st.last_error) == (3, None, None)
+    assert report.imported == 3  # type: ignore[attr-defined]
+
+
 async def test_internaldate_is_stored_with_the_location(db: Database) -> None:
     msgs = [ScriptedMessage(1, message(1), internaldate="17-Jul-1996 02:44:25 -0700")]
     async with open_scripted_imap(msgs) as server:
@@ -440,6 +452,18 @@ async def test_a_server_that_cuts_every_fetch_reply_still_imports_everything(
     assert errors and "cut after" in errors[0]
     assert "the server said BYE: Bandwidth limit exceeded" in errors[0]
     assert st.fetch_window is not None and st.fetch_window < 200
+
+
+async def test_a_cut_counts_only_the_responses_asked_for(db: Database) -> None:
+    """Unsolicited flag updates before the cut are not responses to the
+    request: the window shrinks to what the server really delivered."""
+    async with open_scripted_imap(messages(list(range(1, 61))),
+                                  faults=Faults(bye_after_fetch_responses=3,
+                                                flag_update_burst=20)) as server:
+        with pytest.raises(ImapUnavailable) as cut:
+            await sync(db, server)
+    assert "cut after 3 of 60 message(s)" in str(cut.value)
+    assert (await state(db)).fetch_window == 3
 
 
 async def test_a_message_without_a_date_header_is_dated_by_internaldate(

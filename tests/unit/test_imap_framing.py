@@ -1,0 +1,148 @@
+"""The IMAP framing (``_Protocol.data_received``) against aioimaplib's own.
+
+Ours walks a read in a loop where aioimaplib recurses once per line (and
+copies the rest of the read each time); everything else is its code. So for
+any reply, cut into reads anywhere, both must leave the same trace: the same
+parts handed to a streaming FETCH, the same lines and result on the
+command, the same leftovers between reads. Plus what only ours survives: a
+read of thousands of lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from aioimaplib import aioimaplib  # type: ignore[import-untyped]
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from nexarch_events.aio.imap import _Protocol, _StreamingFetch
+
+EXAMPLES = int(os.environ.get("IMAP_FRAMING_EXAMPLES", "300"))
+PROPERTY = settings(max_examples=EXAMPLES, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+ORIGINAL: Callable[[Any, bytes], None] = aioimaplib.IMAP4ClientProtocol.data_received
+
+
+@contextmanager
+def event_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()  # commands keep it for their timers; never run
+    try:
+        yield loop
+    finally:
+        loop.close()
+
+
+def start(loop: asyncio.AbstractEventLoop, command: str) -> tuple[_Protocol, Any,
+                                                                  list[bytes]]:
+    """A selected session with ``command`` pending (a streaming UID FETCH,
+    or a plain LIST), registered as aioimaplib's ``execute`` registers it
+    (without sending)."""
+    protocol = _Protocol(loop, lambda _exc: None)
+    protocol.state = aioimaplib.SELECTED
+    parts: list[bytes] = []
+    if command == "FETCH":
+        cmd = _StreamingFetch(lambda part: parts.append(bytes(part)), "A1", "1:*",
+                              "(UID BODY.PEEK[])", prefix="UID", loop=loop)
+    else:
+        cmd = aioimaplib.Command(command, "A1", '""', '"*"', loop=loop)
+    if aioimaplib.Commands.get(cmd.name).exec == aioimaplib.Exec.is_sync:
+        protocol.pending_sync_command = cmd
+    else:
+        protocol.pending_async_commands[cmd.untagged_resp_name] = cmd
+    return protocol, cmd, parts
+
+
+def feed(reads: list[bytes], receive: Callable[[Any, bytes], None],
+         command: str = "FETCH") -> list[object]:
+    """Everything observable after each read, with framing ``receive``."""
+    with event_loop() as loop:
+        protocol, cmd, parts = start(loop, command)
+        trace: list[object] = []
+        for data in reads:
+            receive(protocol, data)
+            trace.append((bytes(protocol.incomplete_line),
+                          protocol.current_command is cmd,
+                          protocol.current_command is None, len(parts)))
+        trace.append(parts)
+        trace.append((cmd.response.result, [bytes(line) for line in cmd.response.lines],
+                      cmd._event.is_set()))
+        return trace
+
+
+def cut(stream: bytes, points: list[int]) -> list[bytes]:
+    edges = sorted({0, len(stream), *(p % (len(stream) + 1) for p in points)})
+    return [stream[a:b] for a, b in itertools.pairwise(edges)]
+
+
+# Bodies that look like framing: CRLFs, parentheses, literal announcements,
+# "* " and tagged-looking lines, a trailing "}".
+_TRICKY = [b"\r\n", b"(", b")", b"{5}\r\n", b"* 9 FETCH (", b"A1 OK done\r\n", b"}", b"x",
+           b"Subject: hi", b"\r\n\r\n"]
+bodies = st.lists(st.sampled_from(_TRICKY), max_size=12).map(b"".join)
+
+
+def fetch_response(seq: int, uid: int, body: bytes, *, flags_first: bool) -> bytes:
+    head = f"* {seq} FETCH (UID {uid} RFC822.SIZE {len(body)} BODY[] {{{len(body)}}}\r\n"
+    if flags_first:
+        head = f"* {seq} FETCH (FLAGS (\\Seen) UID {uid} BODY[] {{{len(body)}}}\r\n"
+    return head.encode() + body + b")\r\n"
+
+
+@st.composite
+def replies(draw: st.DrawFn) -> bytes:
+    out = []
+    for seq, body in enumerate(draw(st.lists(bodies, min_size=1, max_size=5)), start=1):
+        if draw(st.booleans()):
+            out.append(f"* {draw(st.integers(1, 50))} FETCH (FLAGS ())\r\n".encode())
+        if draw(st.booleans()):
+            out.append(f"* {seq + 10} EXISTS\r\n".encode())
+        out.append(fetch_response(seq, seq * 7, body, flags_first=draw(st.booleans())))
+    out.append(b"A1 OK Fetch completed.\r\n")
+    return b"".join(out)
+
+
+@PROPERTY
+@given(replies(), st.lists(st.integers(0, 10_000), max_size=12))
+def test_any_reply_cut_anywhere_frames_as_aioimaplib_does(stream: bytes,
+                                                           points: list[int]) -> None:
+    reads = cut(stream, points)
+    assert feed(reads, _Protocol.data_received) == feed(reads, ORIGINAL)
+
+
+@pytest.mark.parametrize("reads", [
+    # A read that ends at the literal's end; an empty literal; CRLF split.
+    [b"* 1 FETCH (UID 1 BODY[] {3}\r\n", b"abc", b")\r\nA1 OK done\r\n"],
+    [b"* 1 FETCH (UID 1 BODY[] {0}\r\n)\r\nA1 OK done\r\n"],
+    [b"* 1 FETCH (UID 1 BODY[] {4}\r", b"\nab", b"\r\n)", b"\r", b"\nA1 OK done\r\n"],
+])
+def test_edges_frame_as_aioimaplib_does(reads: list[bytes]) -> None:
+    assert feed(reads, _Protocol.data_received) == feed(reads, ORIGINAL)
+
+
+@pytest.mark.parametrize("reads", [
+    [b'* LIST () "/" {5}\r\n', b"INBOX", b"\r\nA1 OK done\r\n"],  # ends at the literal
+    [b'* LIST () "/" {5}\r\nIN', b"BOX\r\n* LIST () \"/\" Sent\r\nA1 OK done\r\n"],
+])
+def test_a_literal_in_a_list_reply_frames_as_aioimaplib_does(reads: list[bytes]) -> None:
+    assert feed(reads, _Protocol.data_received, "LIST") == feed(reads, ORIGINAL, "LIST")
+
+
+def test_thousands_of_lines_in_one_read() -> None:
+    burst = b"".join(b"* %d FETCH (FLAGS (\\Seen))\r\n" % n for n in range(1, 20_001))
+    reply = burst + fetch_response(1, 1, b"body\r\n", flags_first=False) + b"A1 OK done\r\n"
+    with pytest.raises(RecursionError):
+        feed([reply], ORIGINAL)  # what the session died of
+    trace = feed([reply], _Protocol.data_received)
+    result, _lines, done = trace[-1]  # type: ignore[misc]
+    assert (result, done) == ("OK", True)
+    parts = trace[-2]
+    assert isinstance(parts, list) and len(parts) == 20_003  # each flag line, head, body, ")"
+    assert parts[-2] == b"body\r\n"
