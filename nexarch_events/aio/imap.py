@@ -256,31 +256,42 @@ class ImapSession:
         raises, the command is abandoned (the session is then broken) and
         the error propagates. Memory: one response at a time is kept by the
         framing, plus what ``on_response`` has not consumed yet."""
-        send, receive = trio.open_memory_channel[ReplyPart](math.inf)
+        # Parts are grouped into responses where they arrive (on the asyncio
+        # side, in the framing's callback), so the consumer wakes once per
+        # response, not once per line and literal.
+        send, receive = trio.open_memory_channel[list[ReplyPart]](math.inf)
         failed: list[ImapError] = []
+        group: list[ReplyPart] = []
+
+        def add(part: ReplyPart) -> None:
+            nonlocal group
+            if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
+                send.send_nowait(group)  # a response without a closing line
+                group = []
+            group.append(part)
+            if _complete(group):
+                send.send_nowait(group)
+                group = []
 
         async def command() -> None:
+            nonlocal group
             try:
                 await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
-                               items, True, send.send_nowait, limit=limit)
+                               items, True, add, limit=limit)
+                if group:  # the reply ended inside a response: what there is
+                    send.send_nowait(group)
             except ImapError as exc:
                 failed.append(exc)
             finally:
+                group = []
                 send.close()
 
-        group: list[ReplyPart] = []
         consumer_error: list[Exception] = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(command)
             try:
-                async for part in receive:
-                    if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
-                        await on_response(group)  # a response without a closing line
-                        group = []
-                    group.append(part)
-                    if _complete(group):
-                        await on_response(group)
-                        group = []
+                async for response in receive:
+                    await on_response(response)
             except Exception as exc:
                 # Raised below, as itself: not wrapped in the nursery's
                 # ExceptionGroup, so callers sort it like any other error.
@@ -290,8 +301,6 @@ class ImapSession:
             raise consumer_error[0]
         if failed:
             raise failed[0]
-        if group:
-            await on_response(group)
 
     async def fetch(self, seq_set: str, items: str, *,
                     limit: float | None = None) -> list[ReplyPart]:
