@@ -85,22 +85,26 @@ async def test_a_table_someone_else_vacuums_is_skipped_not_waited_for(
 
 async def test_a_statement_timeout_of_the_role_does_not_cancel_the_vacuum(
         db: Database, database_url: str) -> None:
-    # As if the operator had run ALTER ROLE ... SET statement_timeout = '1ms'
-    # for the service's role (asyncpg sends unknown URL parameters as server
-    # settings): every VACUUM of 20,000 dead versions takes longer than that
-    # and would be cancelled, retried after a backoff, and cancelled again.
+    # As if the operator had set statement_timeout = 100ms for the service's
+    # role (asyncpg sends unknown URL parameters as server settings), with
+    # the vacuum slowed down by cost delays so that it takes longer than
+    # that on any machine: it would be cancelled, retried after a backoff,
+    # and cancelled again. (The SET before it takes far less than 100 ms,
+    # also on a busy machine.)
     await without_autovacuum(db)
     queue = Queue(db)
-    await make_dead_rows(db, queue, 20_000)
+    await make_dead_rows(db, queue, 2000)
     before = await vacuum_count(db)
-    vacuum = vacuum_for(queue, f"{database_url}?statement_timeout=1")
-    check = await Connection.open(f"{database_url}?statement_timeout=1")
+    url = f"{database_url}?statement_timeout=100&vacuum_cost_delay=10&vacuum_cost_limit=1"
+    check = await Connection.open(url)
     try:
-        assert await check.fetchval("SHOW statement_timeout") == "1ms", "the setting applies"
+        assert await check.fetchval("SHOW statement_timeout") == "100ms", "the setting applies"
     finally:
         await check.aclose()
-    with trio.fail_after(60):
-        await vacuum.vacuum_once()
+    started = trio.current_time()
+    with trio.fail_after(120):
+        await vacuum_for(queue, url).vacuum_once()
+    assert trio.current_time() - started > 0.1, "the vacuum outlasted the timeout"
     assert await vacuum_count(db) == before + 1
 
 
