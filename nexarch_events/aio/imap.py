@@ -578,7 +578,9 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         formatted every read (bodies included) whether logged or not.
         The same methods are called in the same order as there."""
         pending: bytes = self.incomplete_line  # type: ignore[has-type]
-        raw = pending + data if pending else data
+        # Lines must be bytes whatever the transport hands over: a
+        # bytearray is what a literal's content is (ReplyPart).
+        raw = pending + data if pending else bytes(data)
         view = memoryview(raw)  # literal slices without copies
         cmd: Any = self.current_command  # type: ignore[has-type]
         pos = 0

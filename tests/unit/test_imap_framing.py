@@ -40,16 +40,17 @@ def event_loop() -> Iterator[asyncio.AbstractEventLoop]:
         loop.close()
 
 
-def start(loop: asyncio.AbstractEventLoop, command: str) -> tuple[_Protocol, Any,
-                                                                  list[bytes]]:
+def start(loop: asyncio.AbstractEventLoop, command: str
+          ) -> tuple[_Protocol, Any, list[tuple[str, bytes]]]:
     """A selected session with ``command`` pending (a streaming UID FETCH,
     or a plain LIST), registered as aioimaplib's ``execute`` registers it
     (without sending)."""
     protocol = _Protocol(loop, lambda _exc: None)
     protocol.state = aioimaplib.SELECTED
-    parts: list[bytes] = []
+    parts: list[tuple[str, bytes]] = []  # a line (bytes) or a literal (bytearray)
     if command == "FETCH":
-        cmd = _StreamingFetch(lambda part: parts.append(bytes(part)), "A1", "1:*",
+        cmd = _StreamingFetch(lambda part: parts.append((type(part).__name__, bytes(part))),
+                              "A1", "1:*",
                               "(UID BODY.PEEK[])", prefix="UID", loop=loop)
     else:
         cmd = aioimaplib.Command(command, "A1", '""', '"*"', loop=loop)
@@ -72,7 +73,8 @@ def feed(reads: list[bytes], receive: Callable[[Any, bytes], None],
                           protocol.current_command is cmd,
                           protocol.current_command is None, len(parts)))
         trace.append(parts)
-        trace.append((cmd.response.result, [bytes(line) for line in cmd.response.lines],
+        trace.append((cmd.response.result,
+                      [(type(line).__name__, bytes(line)) for line in cmd.response.lines],
                       cmd._event.is_set()))
         return trace
 
@@ -127,6 +129,14 @@ def test_edges_frame_as_aioimaplib_does(reads: list[bytes]) -> None:
     assert feed(reads, _Protocol.data_received) == feed(reads, ORIGINAL)
 
 
+def test_a_transport_handing_over_a_bytearray_frames_as_aioimaplib_does() -> None:
+    reads = [bytearray(b"* 1 FETCH (UID 1 BODY[] {3}\r\nabc)\r\nA1 OK done\r\n")]
+    trace = feed(reads, _Protocol.data_received)  # type: ignore[arg-type]
+    assert trace == feed(reads, ORIGINAL)  # type: ignore[arg-type]
+    assert trace[-2] == [("bytes", b"1 FETCH (UID 1 BODY[] {3}"), ("bytearray", b"abc"),
+                         ("bytes", b")")]
+
+
 @pytest.mark.parametrize("reads", [
     [b'* LIST () "/" {5}\r\n', b"INBOX", b"\r\nA1 OK done\r\n"],  # ends at the literal
     [b'* LIST () "/" {5}\r\nIN', b"BOX\r\n* LIST () \"/\" Sent\r\nA1 OK done\r\n"],
@@ -145,4 +155,4 @@ def test_thousands_of_lines_in_one_read() -> None:
     assert (result, done) == ("OK", True)
     parts = trace[-2]
     assert isinstance(parts, list) and len(parts) == 20_003  # each flag line, head, body, ")"
-    assert parts[-2] == b"body\r\n"
+    assert parts[-2] == ("bytearray", b"body\r\n")
