@@ -120,11 +120,10 @@ def detect_configs(configs: Sequence[str], subject: str, body: str) -> list[str]
     known = [c for c in configs if c in _STOP_WORDS]
     if len(known) < 2:
         return list(configs)
-    counts = dict.fromkeys(known, 0)
-    for word in _LATIN_WORD.findall((subject[:500] + " " + body[:_DETECT_CHARS]).lower()):
-        for config in known:
-            if word in _STOP_WORDS[config]:
-                counts[config] += 1
+    words = _LATIN_WORD.findall((subject[:500] + " " + body[:_DETECT_CHARS]).lower())
+    # Counted in C (map over a frozenset's __contains__): a loop in Python
+    # over every word was a third of the client's CPU per indexed message.
+    counts = {c: sum(map(_STOP_WORDS[c].__contains__, words)) for c in known}
     best = max(known, key=lambda c: counts[c])
     others = max(counts[c] for c in known if c != best)
     if counts[best] >= 3 and counts[best] >= 3 * others:
@@ -138,9 +137,23 @@ def split_continuous(text: str) -> str:
     takes a whole run for one word, so without this a two-character word
     inside a sentence is never found. Every character starts a token, so a
     one-character query finds it as a prefix (``tsquery_text``)."""
-    if CONTINUOUS_RUN.search(text) is None:
+    if not _may_hold_continuous(text) or CONTINUOUS_RUN.search(text) is None:
         return text
     return CONTINUOUS_RUN.sub(_bigrams, text)
+
+
+def _may_hold_continuous(text: str) -> bool:
+    """False when ``text`` cannot hold a continuous script: every one of
+    them lies above U+0E00, so a text of Latin-1 characters holds none.
+    Both checks run in C at memory speed; the regex search they spare cost
+    a tenth of a millisecond per message body."""
+    if text.isascii():
+        return False
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _bigrams(match: re.Match[str]) -> str:
