@@ -53,6 +53,27 @@ T = TypeVar("T")
 #: A reply line (``bytes``) or a literal's content (``bytearray``).
 ReplyPart = bytes | bytearray
 
+#: A literal announced larger than this is read and thrown away, never held
+#: (``DiscardedLiteral``): it equals the archive's limit on one message
+#: (mail/archive.py's MAX_MESSAGE_BYTES, checked by a test), so nothing the
+#: archive would take is discarded, and a server that announces, or sends,
+#: gigabytes costs no memory.
+MAX_LITERAL_BYTES = 128 * 1024 * 1024
+#: A reply line (literals aside) longer than this ends the session: no
+#: server needs one (a UID SEARCH of a million messages is about 8 MB).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+class DiscardedLiteral(bytearray):
+    """Stands in for a literal of ``size`` bytes that was read and thrown
+    away because it exceeded ``limit`` (``MAX_LITERAL_BYTES``). Empty; a
+    ``bytearray`` so that the framing and every parser still see a literal."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__()
+        self.size = size
+        self.limit = limit
+
 TLS_MODES = ("implicit", "starttls", "plain")
 
 # RFC 5530 codes (and Gmail's THROTTLED) that mean "not now": the command may
@@ -398,7 +419,11 @@ class ImapSession:
             self._break(f"{type(exc).__name__}: {exc}")
             error = _translate(self.endpoint, exc)
             bye = self._protocol.bye
-            if bye and type(error) is ImapUnavailable:
+            refused = self._protocol.refused
+            if refused and type(error) is ImapUnavailable:
+                error = ImapUnavailable(f"{self.endpoint.describe()}: connection closed by this "
+                                        f"client: {refused}")
+            elif bye and type(error) is ImapUnavailable:
                 error = ImapUnavailable(f"{error} (the server said BYE: {bye})")
             raise error from exc
 
@@ -568,6 +593,16 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         self.exists_seen = 0
         #: The text of a ``* BYE`` the server sent (why it is about to close).
         self.bye: str | None = None
+        #: The start of a line the next read continues (a bytearray while it
+        #: spans several reads).
+        self.incomplete_line: bytes | bytearray = b""
+        #: Why the framing closed the connection itself (a reply it refuses).
+        self.refused: str | None = None
+        # An oversized literal being skipped: bytes still to come, its size
+        # and the command it belongs to.
+        self._skip = 0
+        self._skip_size = 0
+        self._skip_cmd: Any = None
 
     def data_received(self, data: bytes) -> None:
         """aioimaplib's framing, walked in a loop instead of its recursion
@@ -576,16 +611,36 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         cost the session; and every line copied the rest of the read, so a
         read of n lines cost O(n^2)), and without its DEBUG line that
         formatted every read (bodies included) whether logged or not.
-        The same methods are called in the same order as there."""
-        pending: bytes = self.incomplete_line  # type: ignore[has-type]
+        The same methods are called in the same order as there.
+
+        Two bounds aioimaplib does not have: a literal over
+        ``MAX_LITERAL_BYTES`` is skipped as it arrives and handed over as a
+        ``DiscardedLiteral``, and a line over ``MAX_LINE_BYTES`` closes the
+        connection (``refused`` says why). A line that spans reads is
+        gathered in a bytearray, not re-copied on every read."""
+        if self.refused is not None:
+            return
+        pending = self.incomplete_line
+        if pending and b"\n" not in data:
+            # The line cannot end in this read (its LF would be here).
+            if not isinstance(pending, bytearray):
+                pending = self.incomplete_line = bytearray(pending)
+            pending += data
+            if len(pending) > MAX_LINE_BYTES:
+                self._refuse(f"the server sent a line of more than {MAX_LINE_BYTES} bytes")
+            return
         # Lines must be bytes whatever the transport hands over: a
         # bytearray is what a literal's content is (ReplyPart).
-        raw = pending + data if pending else bytes(data)
+        raw = b"".join((pending, data)) if pending else bytes(data)
         view = memoryview(raw)  # literal slices without copies
         cmd: Any = self.current_command  # type: ignore[has-type]
         pos = 0
         try:
             while True:
+                if self._skip:
+                    pos = self._skip_literal(raw, pos)
+                    if self._skip:
+                        raise aioimaplib.IncompleteRead(cmd)
                 if pos == len(raw):
                     if self.pending_sync_command is not None:
                         self.pending_sync_command.flush()
@@ -598,6 +653,10 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
                         raise aioimaplib.IncompleteRead(cmd)
                 end = raw.find(b"\r\n", pos)
                 if end < 0:
+                    if len(raw) - pos > MAX_LINE_BYTES:
+                        self._refuse(f"the server sent a line of more than {MAX_LINE_BYTES} "
+                                     "bytes")
+                        return
                     raise aioimaplib.IncompleteRead(cmd, raw[pos:])
                 line = raw[pos:end]
                 pos = end + 2
@@ -606,7 +665,12 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
                 if literal:
                     if handled is None:
                         handled = aioimaplib.Command("NIL", "unused")
-                    handled.begin_literal_data(int(literal.group("size")))
+                    size = int(literal.group("size"))
+                    if size > MAX_LITERAL_BYTES:
+                        self._skip = self._skip_size = size
+                        self._skip_cmd = handled
+                    else:
+                        handled.begin_literal_data(size)
                     cmd = handled
                 elif handled is not None and handled.wait_data():
                     cmd = handled
@@ -618,6 +682,25 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         else:
             self.incomplete_line = b""
             self.current_command = None
+
+    def _skip_literal(self, raw: bytes, pos: int) -> int:
+        """Skip what ``raw`` holds of an oversized literal from ``pos``; once
+        all of it has gone by, hand its stand-in to its command."""
+        taken = min(self._skip, len(raw) - pos)
+        self._skip -= taken
+        cmd = self._skip_cmd
+        if self._skip:
+            cmd._reset_timer()  # data is arriving: the command is not stuck
+        else:
+            self._skip_cmd = None
+            cmd.append_to_resp(DiscardedLiteral(self._skip_size, MAX_LITERAL_BYTES))
+        return pos + taken
+
+    def _refuse(self, why: str) -> None:
+        self.refused = why
+        self.incomplete_line = b""
+        if self.transport is not None:
+            self.transport.abort()
 
     def _untagged_response(self, line: bytes) -> Any:
         if _EXISTS_LINE.match(line):

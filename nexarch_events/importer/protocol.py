@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+from ..aio.imap import DiscardedLiteral
 from ..errors import ImapProtocolError
 
 MAX_UID = 2**32 - 1
@@ -64,6 +65,9 @@ class FetchedItem:
     body: bytes | None
     #: INTERNALDATE (the server's received date), if asked for and valid.
     internaldate: datetime | None = None
+    #: The body was larger than the client holds (``DiscardedLiteral``:
+    #: its size and the limit); ``body`` is None then.
+    discarded: DiscardedLiteral | None = None
 
 
 def _nz(value: int) -> int | None:
@@ -121,6 +125,7 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
         seq = int(start.group(1))
         text = bytes(part)
         body: bytes | None = None
+        discarded: DiscardedLiteral | None = None
         i += 1
         # A response continues over literals and the line after each until
         # its closing parenthesis. Literals are replaced by a placeholder, so
@@ -130,7 +135,11 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
                 raise ImapProtocolError(f"FETCH response for message {seq} announces a "
                                         "literal that never came")
             if _BODY_LITERAL.search(text.rstrip()):
-                body = bytes(parts[i])
+                literal = parts[i]
+                if isinstance(literal, DiscardedLiteral):
+                    discarded = literal
+                else:
+                    body = bytes(literal)
             text += b" <literal>"
             i += 1
             following = parts[i] if i < n else None
@@ -150,7 +159,8 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
             uid=int(uid_m.group(1)) if uid_m else None,
             size=int(size_m.group(1)) if size_m else None,
             body=body,
-            internaldate=_internaldate(text)))
+            internaldate=_internaldate(text),
+            discarded=discarded))
     return items
 
 

@@ -387,7 +387,7 @@ class _Run:
                 settled.add(uid)
 
         async def on_item(item: FetchedItem) -> None:
-            if item.uid is None and item.body is None:
+            if item.uid is None and item.body is None and item.discarded is None:
                 # An unsolicited flag update of some message (RFC 3501
                 # §7.4.2): legal, and not ours to read.
                 return
@@ -518,6 +518,9 @@ async def _no_spare() -> AsyncIterator[list[StateStore]]:
 def _problem(item: FetchedItem | None) -> str | None:
     if item is None:
         return "the server returned no data for this UID"
+    if item.discarded is not None:
+        return (f"message is {item.discarded.size} bytes; the archive's limit is "
+                f"{item.discarded.limit} (read and discarded, RFC822.SIZE {item.size})")
     if item.body is None:
         return f"the server sent BODY[] NIL (RFC822.SIZE {item.size})"
     if not item.body:
@@ -554,7 +557,8 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
             items = parse_fetch(await patiently(limits, report, session.fetch, uid_set(batch),
                                                 _BODIES, limit=limits.fetch_timeout))
             for item in sorted(items, key=lambda i: i.seq):
-                if item.uid is None and item.body is None and item.seq not in batch:
+                if (item.uid is None and item.body is None and item.discarded is None
+                        and item.seq not in batch):
                     continue  # an unsolicited flag update
                 problem = _problem(item) or _suspicious(item)
                 if problem is not None:

@@ -119,6 +119,10 @@ class Faults:
     flag_update_burst: int = 0
     # After this many FETCH responses of one UID FETCH: ``* BYE``, close.
     bye_after_fetch_responses: int | None = None
+    # At this command (e.g. "UID FETCH"): answer with a line that never ends
+    # (``* SEARCH 1 1 1 ...`` without CRLF, 64 KiB a write) until the client
+    # closes the connection; ``endless_line_sent`` counts the bytes.
+    endless_line_at: str | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
     on_command: Callable[[str], None] | None = None
 
@@ -281,6 +285,8 @@ class ScriptedImapServer:
         self.commands: list[str] = []
         #: accepted connections so far
         self.connections = 0
+        #: Bytes of the never-ending line sent (``Faults.endless_line_at``).
+        self.endless_line_sent = 0
         #: LOGIN commands received (refused ones included)
         self.logins = 0
         #: commands answered with a throttling NO
@@ -320,8 +326,18 @@ class ScriptedImapServer:
         return f"IMAP4rev1{idle} UIDPLUS LITERAL+{listing}{auth}"
 
     def _silent(self, name: str) -> bool:
-        wanted = self.faults.silent_after
+        return self._named(self.faults.silent_after, name)
+
+    @staticmethod
+    def _named(wanted: str | None, name: str) -> bool:
         return wanted is not None and " ".join(wanted.upper().split()) == name
+
+    async def _endless_line(self, connection: _Connection) -> None:
+        await connection.send(b"* SEARCH")
+        chunk = b" 1" * 32768
+        while True:  # until the client closes (BrokenResourceError ends it)
+            await connection.send(chunk)
+            self.endless_line_sent += len(chunk)
 
     # -- serving ----------------------------------------------------------
 
@@ -398,6 +414,8 @@ class ScriptedImapServer:
                     self.faults.on_command(connection.line)
                 if self._silent(name):
                     await self._hang(connection)
+                if self._named(self.faults.endless_line_at, name):
+                    await self._endless_line(connection)
                 if await self._throttle(connection, tag, name):
                     continue
                 await self._dispatch(connection, tag, name, args)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from nexarch_events.aio import Database
+from nexarch_events.aio import Database, imap
 from nexarch_events.errors import ImapUnavailable
 from nexarch_events.importer.mailboxes import MailboxConfig
 from nexarch_events.importer.state import StateStore
@@ -512,3 +512,45 @@ async def test_an_error_while_consuming_a_streamed_fetch_comes_out_as_itself(
             assert session.broken is not None
         finally:
             await session.aclose()
+
+
+# -- sizes a server states or sends are not trusted ----------------------------
+
+async def test_a_body_over_the_archives_limit_is_discarded_as_it_arrives(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that says RFC822.SIZE 1000 and sends megabytes: the body is
+    skipped as it arrives (never held: the framing's limit is the
+    archive's, lowered here to 1 MiB), that message fails with its real
+    size, and the messages after it are imported."""
+    monkeypatch.setattr(imap, "MAX_LITERAL_BYTES", 1 << 20)
+    huge = message(2) + b"x" * (3 << 20)
+    msgs = [ScriptedMessage(1, message(1)), ScriptedMessage(2, huge, size=1000),
+            ScriptedMessage(3, message(3))]
+    async with open_scripted_imap(msgs) as server, record_imports(db.dsn) as rec:
+        await sync(db, server)
+        await rec.wait_for_imported(count=2)
+        await rec.wait_for(event="failed", uid=2)
+    assert [e.uid for e in rec.select()] == [1, 3]
+    assert (await state(db)).last_synced_uid == 3
+    rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+    assert rows[2]["last_error"] == (f"message is {len(huge)} bytes; the archive's limit is "
+                                     f"{1 << 20} (read and discarded, RFC822.SIZE 1000)")
+    assert await db.fetchval("SELECT count(*) FROM mail_archive") == 2
+
+
+async def test_a_line_that_never_ends_closes_the_session_at_the_limit(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers UID SEARCH with a line without end: the client
+    closes the connection once the line passes MAX_LINE_BYTES (lowered here
+    to 1 MiB) and says why, instead of buffering until memory runs out or
+    the command's timeout."""
+    monkeypatch.setattr(imap, "MAX_LINE_BYTES", 1 << 20)
+    faults = Faults(endless_line_at="UID SEARCH")
+    async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        with trio.fail_after(20), pytest.raises(ImapUnavailable) as failed:
+            await sync(db, server)
+        sent = server.endless_line_sent
+    assert "connection closed by this client: the server sent a line of more than " \
+           f"{1 << 20} bytes" in str(failed.value)
+    assert 1 << 20 < sent < 16 << 20  # closed at the limit, not at a timeout
+    assert "line of more than" in ((await state(db)).last_error or "")

@@ -22,7 +22,8 @@ from aioimaplib import aioimaplib  # type: ignore[import-untyped]
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexarch_events.aio.imap import _Protocol, _StreamingFetch
+from nexarch_events.aio import imap
+from nexarch_events.aio.imap import DiscardedLiteral, _Protocol, _StreamingFetch
 
 EXAMPLES = int(os.environ.get("IMAP_FRAMING_EXAMPLES", "300"))
 PROPERTY = settings(max_examples=EXAMPLES, deadline=None,
@@ -156,3 +157,84 @@ def test_thousands_of_lines_in_one_read() -> None:
     parts = trace[-2]
     assert isinstance(parts, list) and len(parts) == 20_003  # each flag line, head, body, ")"
     assert parts[-2] == ("bytearray", b"body\r\n")
+
+
+# -- the bounds aioimaplib does not have ---------------------------------------
+
+SMALL_LITERAL = 24
+
+
+def discarding(trace: list[object], limit: int) -> list[object]:
+    """aioimaplib's trace as ours must look with literals over ``limit``
+    skipped: each such literal handed over empty, as a DiscardedLiteral."""
+
+    def part(kind: str, data: bytes) -> tuple[str, bytes]:
+        if kind == "bytearray" and len(data) > limit:
+            return ("DiscardedLiteral", b"")
+        return (kind, data)
+
+    *reads, parts, (result, lines, done) = trace  # type: ignore[misc]
+    return [*reads, [part(*p) for p in parts],  # type: ignore[has-type]
+            (result, [part(*line) for line in lines], done)]
+
+
+@PROPERTY
+@given(replies(), st.lists(st.integers(0, 10_000), max_size=12))
+def test_a_literal_over_the_limit_is_skipped_and_nothing_else_changes(
+        stream: bytes, points: list[int]) -> None:
+    reads = cut(stream, points)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(imap, "MAX_LITERAL_BYTES", SMALL_LITERAL)
+        ours = feed(reads, _Protocol.data_received)
+    assert ours == discarding(feed(reads, ORIGINAL), SMALL_LITERAL)
+
+
+def test_a_discarded_literal_says_how_large_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(imap, "MAX_LITERAL_BYTES", 10)
+    body = b"x" * 1000
+    seen: list[object] = []
+    with event_loop() as loop:
+        protocol, cmd, _parts = start(loop, "FETCH")
+        cmd._sink = seen.append
+        reply = fetch_response(1, 7, body, flags_first=False) + b"A1 OK done\r\n"
+        for i in range(0, len(reply), 100):
+            protocol.data_received(reply[i:i + 100])
+            if i + 100 < len(reply) - 20:
+                assert not protocol.incomplete_line  # nothing of the body is held
+        assert cmd.response.result == "OK"
+    (literal,) = [p for p in seen if isinstance(p, bytearray)]
+    assert isinstance(literal, DiscardedLiteral)
+    assert (literal.size, literal.limit, len(literal)) == (1000, 10, 0)
+
+
+class _Transport:
+    aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+@pytest.mark.parametrize("read_size", [7, 1000])  # many reads / one read holds it all
+def test_a_line_over_the_limit_closes_the_connection(monkeypatch: pytest.MonkeyPatch,
+                                                     read_size: int) -> None:
+    monkeypatch.setattr(imap, "MAX_LINE_BYTES", 100)
+    with event_loop() as loop:
+        protocol, cmd, parts = start(loop, "FETCH")
+        protocol.transport = transport = _Transport()
+        endless = b"* 1 FETCH (UID 1 FLAGS (" + b"\\Seen " * 100
+        for i in range(0, len(endless), read_size):
+            protocol.data_received(endless[i:i + read_size])
+        assert transport.aborted
+        assert protocol.refused == "the server sent a line of more than 100 bytes"
+        assert not protocol.incomplete_line
+        protocol.data_received(b")\r\nA1 OK done\r\n")  # after the abort: ignored
+        assert parts == [] and cmd.response.result != "OK"
+
+
+def test_a_line_of_many_reads_just_under_the_limit_is_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(imap, "MAX_LINE_BYTES", 4000)
+    line = b"* 1 FETCH (UID 1 FLAGS (" + b"\\Seen " * 600 + b"))"
+    assert len(line) <= 4000
+    reads = [line[i:i + 3] for i in range(0, len(line), 3)] + [b"\r\nA1 OK done\r\n"]
+    assert feed(reads, _Protocol.data_received) == feed(reads, ORIGINAL)

@@ -58,6 +58,24 @@ def test_fetch_empty_quoted_body_and_missing_literal() -> None:
         parse_fetch([b"1 FETCH (UID 1 BODY[] {10}"])
 
 
+def test_fetch_with_a_body_too_large_to_hold() -> None:
+    """The framing skipped the literal (aio.imap.DiscardedLiteral): the item
+    has no body and says so; one that the server lied about (RFC822.SIZE
+    10) is no different."""
+    from nexarch_events.aio.imap import DiscardedLiteral
+    from nexarch_events.importer.sync import _problem
+
+    items = parse_fetch([b"1 FETCH (UID 7 RFC822.SIZE 10 BODY[] {999999}",
+                         DiscardedLiteral(999_999, 1000), b")",
+                         b"2 FETCH (UID 8 RFC822.SIZE 3 BODY[] {3}", bytearray(b"abc"), b")"])
+    too_large, fine = items
+    assert (too_large.uid, too_large.body, fine.body, fine.discarded) == (7, None, b"abc", None)
+    assert too_large.discarded is not None and too_large.discarded.size == 999_999
+    assert _problem(too_large) == ("message is 999999 bytes; the archive's limit is 1000 "
+                                   "(read and discarded, RFC822.SIZE 10)")
+    assert _problem(fine) is None
+
+
 def test_fetch_ignores_other_untagged_data() -> None:
     items = parse_fetch([b"4 EXPUNGE", b"1 FETCH (UID 2 RFC822.SIZE 10)"])
     assert [(i.uid, i.size, i.body) for i in items] == [(2, 10, None)]
@@ -85,3 +103,10 @@ def test_mailbox_argument_modified_utf7() -> None:
     assert mailbox_argument('say "hi"') == '"say \\"hi\\""'
     with pytest.raises(ImapProtocolError):
         mailbox_argument("bad\r\nname")
+
+
+def test_the_framing_holds_every_message_the_archive_takes() -> None:
+    from nexarch_events.aio.imap import MAX_LITERAL_BYTES
+    from nexarch_events.mail.archive import MAX_MESSAGE_BYTES
+
+    assert MAX_LITERAL_BYTES == MAX_MESSAGE_BYTES
