@@ -703,11 +703,33 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
             self.transport.abort()
 
     def _untagged_response(self, line: bytes) -> Any:
+        """aioimaplib's, except that only the leading ``* `` goes: its
+        ``line.replace(b"* ", b"")`` removed every one, so a folder listed
+        as ``"* Wichtig"`` came out as "Wichtig" and its mail was never
+        archived. Counts EXISTS and keeps a BYE's text."""
         if _EXISTS_LINE.match(line):
             self.exists_seen += 1
         elif line[:6].upper() == b"* BYE ":
             self.bye = bytes(line[6:206]).decode("utf-8", "replace")
-        return super()._untagged_response(line)
+        if line.startswith(b"* "):
+            line = line[2:]
+        if self.pending_sync_command is not None:
+            self.pending_sync_command.append_to_resp(line)
+            return self.pending_sync_command
+        match = aioimaplib.message_data_re.match(line)
+        if match:  # "3 FETCH ...", "3 EXPUNGE": the whole line
+            name, text = match.group(1), line
+        else:  # "SEARCH 1 2", "LIST (...) ...": what follows the name
+            name, _, text = line.partition(b" ")
+        command = self.pending_async_commands.get(name.decode("ascii", "replace").upper())
+        if command is not None:
+            command.append_to_resp(text)
+            return command
+        # Servers may send untagged data at any time; NOOP collects it.
+        command = self.pending_async_commands.get("NOOP")
+        if command is not None:
+            command.append_to_resp(line)
+        return command
 
 
 class _StreamingFetch(aioimaplib.FetchCommand):  # type: ignore[misc]

@@ -268,3 +268,22 @@ async def test_an_accounts_sync_now_finds_a_new_folder_at_once(db: Database,
 
 async def discovered_at(db: Database):  # type: ignore[no-untyped-def]
     return await db.fetchval("SELECT last_discovery_at FROM mail_import_accounts")
+
+
+async def test_a_folder_whose_name_holds_an_asterisk_and_a_space_is_archived(
+        db: Database, carol: Dovecot) -> None:
+    """LIST sends such a name as ``"* Wichtig"``; aioimaplib's framing
+    removed every "* " from an untagged line, so the folder was listed as
+    "Wichtig" (which does not exist) and its mail was never archived."""
+    for folder, n in (("* Wichtig", 5), ("Kunden * 2024", 6)):
+        carol.create_mailbox("carol", folder)
+        carol.append("carol", folder, mail(n))
+    config = account(carol)
+    await AccountRegistry(db).add(config)
+    found = await discovered(db, config)
+    assert {"* Wichtig", "Kunden * 2024"} <= set(found.archived)
+    assert not {"Wichtig", "Kunden 2024"} & set(found.listed)
+    imported = await sync_all(db)
+    assert imported["* Wichtig"] == imported["Kunden * 2024"] == 1
+    assert await count(db, "SELECT count(*) FROM mail_archive "
+                           "WHERE position('account 5' IN convert_from(raw, 'UTF8')) > 0") == 1

@@ -238,3 +238,36 @@ def test_a_line_of_many_reads_just_under_the_limit_is_whole(
     assert len(line) <= 4000
     reads = [line[i:i + 3] for i in range(0, len(line), 3)] + [b"\r\nA1 OK done\r\n"]
     assert feed(reads, _Protocol.data_received) == feed(reads, ORIGINAL)
+
+
+# -- untagged lines ------------------------------------------------------------
+
+ORIGINAL_UNTAGGED: Callable[[Any, bytes], Any] = aioimaplib.IMAP4ClientProtocol._untagged_response
+_UNTAGGED = [b"* 3 FETCH (FLAGS (\\Seen))", b"* 4 EXPUNGE", b"* SEARCH 1 2 3", b"* 7 EXISTS",
+             b'* LIST (\\HasNoChildren) "/" INBOX', b'* LIST () "/" "a*b"', b"* 0 RECENT",
+             b"* OK [ALERT] maintenance at 2 am", b"* CAPABILITY IMAP4rev1 IDLE"]
+
+
+def untagged(receive: Callable[[Any, bytes], Any], command: str,
+             lines: list[bytes]) -> tuple[object, ...]:
+    with event_loop() as loop:
+        protocol, cmd, parts = start(loop, command)
+        returned = [receive(protocol, line) is cmd for line in lines]
+        return returned, [(type(x).__name__, bytes(x)) for x in cmd.response.lines], parts
+
+
+@given(st.sampled_from(["FETCH", "LIST", "SEARCH", "NOOP"]),
+       st.lists(st.sampled_from(_UNTAGGED), max_size=8))
+def test_untagged_lines_go_where_aioimaplib_sends_them(command: str,
+                                                       lines: list[bytes]) -> None:
+    assert untagged(_Protocol._untagged_response, command, lines) \
+        == untagged(ORIGINAL_UNTAGGED, command, lines)
+
+
+@pytest.mark.parametrize("command", ["LIST", "NOOP"])
+def test_only_the_leading_asterisk_of_an_untagged_line_goes(command: str) -> None:
+    line = b'* LIST (\\HasNoChildren) "/" "Kunden * 2024"'
+    _returned, ours, _parts = untagged(_Protocol._untagged_response, command, [line])
+    _returned, theirs, _parts = untagged(ORIGINAL_UNTAGGED, command, [line])
+    assert b'"Kunden * 2024"' in ours[0][1]
+    assert b'"Kunden 2024"' in theirs[0][1]  # what lost the folder's mail
