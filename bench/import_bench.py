@@ -949,7 +949,8 @@ def print_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
             pr(f"postgres: fsync={st['fsync']} synchronous_commit={st['synchronous_commit']} "
                f"wal_sync_method={st['wal_sync_method']} "
                f"full_page_writes={st['full_page_writes']} "
-               f"toast={st['default_toast_compression']}")
+               f"default_toast_compression={st['default_toast_compression']} "
+               "(mail_archive.raw: lz4, migration 0015)")
             pr(f"[1] first sync: {c['messages']:,} messages, {c['min_kb']}-{c['max_kb']} KB "
                f"uniform (mean {c['mean_kb']} KB, {c['bytes'] / 1e6:.1f} MB; {c['padded']} "
                f"padded, {c['trimmed']} trimmed; built {r['build_s']} s, MULTIAPPEND "
