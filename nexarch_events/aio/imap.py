@@ -679,6 +679,11 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         except aioimaplib.IncompleteRead as incomplete:
             self.current_command = incomplete.cmd
             self.incomplete_line = incomplete.data
+        except aioimaplib.AioImapException as exc:
+            # E.g. a tagged reply to no command sent: raised out of here, it
+            # reached asyncio as a fatal transport error and the session
+            # ended as "closed by the server". Ours to close, with the reason.
+            self._refuse(f"the server broke the protocol: {str(exc)[:200]}")
         else:
             self.incomplete_line = b""
             self.current_command = None

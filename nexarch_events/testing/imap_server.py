@@ -119,6 +119,9 @@ class Faults:
     flag_update_burst: int = 0
     # After this many FETCH responses of one UID FETCH: ``* BYE``, close.
     bye_after_fetch_responses: int | None = None
+    # Every UID FETCH reply starts with a tagged line of a tag never sent
+    # (``Z999 OK ...``): a server that lost track of its own session.
+    stray_tagged_reply: bool = False
     # At this command (e.g. "UID FETCH"): answer with a line that never ends
     # (``* SEARCH 1 1 1 ...`` without CRLF, 64 KiB a write) until the client
     # closes the connection; ``endless_line_sent`` counts the bytes.
@@ -596,6 +599,8 @@ class ScriptedImapServer:
                     message.flags.add("\\Seen")
         if self.faults.unsolicited_flags and self.messages:
             await connection.send("* 1 FETCH (FLAGS (\\Seen))")
+        if self.faults.stray_tagged_reply:
+            await connection.send("Z999 OK Fetch completed.")
         if self.faults.flag_update_burst:
             await connection.send("\r\n".join(f"* {n} FETCH (FLAGS (\\Seen))" for n in
                                                 range(1, self.faults.flag_update_burst + 1)))

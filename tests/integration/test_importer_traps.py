@@ -554,3 +554,22 @@ async def test_a_line_that_never_ends_closes_the_session_at_the_limit(
            f"{1 << 20} bytes" in str(failed.value)
     assert 1 << 20 < sent < 16 << 20  # closed at the limit, not at a timeout
     assert "line of more than" in ((await state(db)).last_error or "")
+
+
+async def test_a_reply_the_client_cannot_place_ends_the_session_with_the_reason(
+        db: Database, caplog: pytest.LogCaptureFixture) -> None:
+    """A tagged reply to a command never sent: aioimaplib raised out of the
+    framing, asyncio reported a fatal error in data_received and closed the
+    connection, and the run said "connection closed by the server". Now the
+    client closes it, says why, and the next run starts over as after any
+    cut."""
+    faults = Faults(stray_tagged_reply=True)
+    async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        with trio.fail_after(20), pytest.raises(ImapUnavailable) as failed:
+            await sync(db, server)
+        assert "connection closed by this client: the server broke the protocol: " \
+               "unexpected tagged" in str(failed.value)
+        assert not [r for r in caplog.records if "data_received" in r.getMessage()]
+        server.faults.stray_tagged_reply = False
+        await sync(db, server)
+    assert (await state(db)).last_synced_uid == 2
