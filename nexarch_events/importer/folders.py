@@ -29,6 +29,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ..aio.imap import DiscardedLiteral
 from ..errors import ImapProtocolError
 
 DEFAULT_EXCLUDED_USES = frozenset({"\\Trash", "\\Junk", "\\Drafts"})
@@ -128,7 +129,11 @@ def parse_list(parts: Sequence[bytes | bytearray]) -> list[Folder]:
         if literal:
             if i >= n or not isinstance(parts[i], bytearray):
                 raise ImapProtocolError("LIST response announces a literal name that never came")
-            raw_name = bytes(parts[i])
+            name_part = parts[i]
+            if isinstance(name_part, DiscardedLiteral):
+                raise ImapProtocolError(f"LIST response names a folder with {name_part.size} "
+                                        "bytes")
+            raw_name = bytes(name_part)
             i += 1
             if i < n and isinstance(parts[i], bytes) and not _LIST.match(bytes(parts[i])):
                 i += 1  # the rest of the line after the literal (extended data)

@@ -128,3 +128,11 @@ def test_folder_state_names_the_worst_first() -> None:
     assert folder_state({**ok, "failures": 2}) == "warning"
     assert folder_state({**ok, "warning": "w", "last_error": "e"}) == "error"
     assert folder_state({**ok, "last_error": "e", "folder_gone_at": now}) == "gone"
+
+
+def test_a_name_too_large_to_hold_is_an_error() -> None:
+    from nexarch_events.aio.imap import DiscardedLiteral
+
+    parts = [b'LIST () "/" {200000000}', DiscardedLiteral(200_000_000, 1000), b""]
+    with pytest.raises(ImapProtocolError, match="names a folder with 200000000 bytes"):
+        parse_list(parts)
