@@ -59,9 +59,11 @@ ReplyPart = bytes | bytearray
 #: archive would take is discarded, and a server that announces, or sends,
 #: gigabytes costs no memory.
 MAX_LITERAL_BYTES = 128 * 1024 * 1024
-#: A reply line (literals aside) longer than this ends the session: no
-#: server needs one (a UID SEARCH of a million messages is about 8 MB).
-MAX_LINE_BYTES = 64 * 1024 * 1024
+#: A reply line (literals aside) longer than this ends the session. The
+#: longest a server needs is a UID SEARCH of a whole folder: about 9 bytes a
+#: message, so this bound leaves room for a journal mailbox of over 25
+#: million messages.
+MAX_LINE_BYTES = 256 * 1024 * 1024
 
 
 class DiscardedLiteral(bytearray):

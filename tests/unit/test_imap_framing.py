@@ -271,3 +271,18 @@ def test_only_the_leading_asterisk_of_an_untagged_line_goes(command: str) -> Non
     _returned, theirs, _parts = untagged(ORIGINAL_UNTAGGED, command, [line])
     assert b'"Kunden * 2024"' in ours[0][1]
     assert b'"Kunden 2024"' in theirs[0][1]  # what lost the folder's mail
+
+
+def test_a_search_of_a_million_uids_in_many_reads_is_one_line() -> None:
+    """A first sync's UID SEARCH of a large folder: one line of megabytes,
+    arriving in 64 KiB reads, under the default limit."""
+    uids = b" ".join(b"%d" % n for n in range(1, 1_000_001))
+    reply = b"* SEARCH " + uids + b"\r\nA1 OK done\r\n"
+    assert len(reply) < imap.MAX_LINE_BYTES
+    with event_loop() as loop:
+        protocol, cmd, _parts = start(loop, "SEARCH")
+        for i in range(0, len(reply), 65536):
+            protocol.data_received(reply[i:i + 65536])
+        assert protocol.refused is None
+        assert cmd.response.result == "OK"
+        assert [bytes(line) for line in cmd.response.lines[:-1]] == [uids]
