@@ -552,7 +552,9 @@ async def test_a_line_that_never_ends_closes_the_session_at_the_limit(
         sent = server.endless_line_sent
     assert "connection closed by this client: the server sent a line of more than " \
            f"{1 << 20} bytes" in str(failed.value)
-    assert 1 << 20 < sent < 16 << 20  # closed at the limit, not at a timeout
+    # Closed at the limit (plus what socket buffers held), not at a timeout:
+    # a client that kept reading would have taken gigabytes in 3 s.
+    assert 1 << 20 < sent < 64 << 20
     assert "line of more than" in ((await state(db)).last_error or "")
 
 
