@@ -11,6 +11,7 @@ are released with their attempt refunded. A second signal cancels at once
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ from .queue.notify import (
 from .queue.sweeper import Sweeper
 from .queue.vacuum import VACUUM_TIMEOUT, TableVacuum
 from .queue.worker import BatchHandler, WorkerPool, default_worker_name
-from .settings import Settings
+from .settings import ImportSettings, Settings
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,22 @@ class QueueService:
                 self.sweeper.poke()
 
 
+#: Connections of the shared pool kept from mailbox syncs when
+#: ``import.max_runs`` is 0 (the sweeper, the API, account discovery).
+POOL_KEPT_FROM_RUNS = 2
+
+
+def import_settings(settings: Settings) -> ImportSettings:
+    """The importer's settings with ``max_runs`` resolved: as configured, or
+    the pool's size minus ``POOL_KEPT_FROM_RUNS`` (at least 1). A run holds
+    a pool connection for its whole length; with one run per mailbox and no
+    bound, a first sync of as many large folders as the pool has connections
+    left the sweeper (stale jobs, due retries) and the API waiting for one
+    until a run ended."""
+    runs = settings.importer.max_runs or max(1, settings.pool_size - POOL_KEPT_FROM_RUNS)
+    return dataclasses.replace(settings.importer, max_runs=runs)
+
+
 async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 dsn: str, name: str | None = None, importer: bool = False,
                 backend: IndexBackend | None = None, api_any_port_if_taken: bool = False,
@@ -153,7 +170,7 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, service)
             if importer:
-                scheduler = ImportScheduler(db, settings.importer,
+                scheduler = ImportScheduler(db, import_settings(settings),
                                             secret_key=settings.secret_key,
                                             listener=service.listener, metrics=metrics)
                 nursery.start_soon(scheduler.run)

@@ -109,9 +109,15 @@ class ImportSettings:
     #: List the folders of every registered account this often (new,
     #: renamed and deleted folders); also once at start.
     discovery_interval: float = 600.0
+    #: Mailbox syncs running at once in one process. Each holds a connection
+    #: of the shared pool for its whole length (a first sync of a large
+    #: folder: many minutes); 0 means the pool's size minus 2, so that the
+    #: sweeper, the API and account discovery always find one.
+    max_runs: int = 0
 
     def __post_init__(self) -> None:
         _positive_int("import.idle_limit", self.idle_limit, upper=100_000)
+        _positive_int("import.max_runs", self.max_runs, upper=10_000, lower=0)
         for name in ("idle_refresh", "imap_timeout", "reload_interval", "backoff_max",
                      "lock_wait", "discovery_interval"):
             _positive_float(f"import.{name}", getattr(self, name))

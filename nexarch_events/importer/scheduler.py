@@ -89,6 +89,9 @@ class ImportScheduler:
         self.on_run = on_run
         self.metrics = metrics
         self._idle_slots = trio.Semaphore(settings.idle_limit)
+        #: Runs at once (``ImportSettings.max_runs``; unlimited when 0 here:
+        #: the service sets it from its pool's size).
+        self._runs = trio.CapacityLimiter(settings.max_runs or math.inf)
         self._runners: dict[Key, _Runner] = {}
         self._nursery: trio.Nursery | None = None
 
@@ -260,9 +263,10 @@ class _Runner:
         self._last_run = trio.current_time()
         metrics = self.scheduler.metrics
         try:
-            report = await run_sync(self.scheduler.db, self.config, self.sign_in, session=session,
-                                    limits=self.scheduler.limits, imap_timeout=s.imap_timeout,
-                                    lock_wait=s.lock_wait)
+            async with self.scheduler._runs:
+                report = await run_sync(self.scheduler.db, self.config, self.sign_in,
+                                        session=session, limits=self.scheduler.limits,
+                                        imap_timeout=s.imap_timeout, lock_wait=s.lock_wait)
         except _RETRYABLE:
             if metrics is not None:
                 metrics.count_import_run(self.config.tenant_slug, self.config.name, ok=False,

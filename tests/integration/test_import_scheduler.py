@@ -320,3 +320,29 @@ async def test_a_burst_of_sync_requests_on_a_healthy_idle_mailbox_is_one_or_two_
             await rec.wait_for_imported(uid=3, timeout=10)
             await trio.sleep(0.5)
             assert server.logins - logins <= 2, server.logins - logins
+
+
+async def runs_holding_the_lock(db: Database) -> int:
+    held: int = await db.fetchval(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+        "AND classid = 1312902721::oid")  # importer/state.py's run lock
+    return held
+
+
+async def test_runs_at_once_are_bounded_by_max_runs(db: Database) -> None:
+    """Each run holds a pool connection for its whole length: five first
+    syncs at once with max_runs 2 run two at a time (the run locks in
+    pg_locks say how many run), and all five complete."""
+    async with open_scripted_imap(messages(list(range(1, 301)))) as server, \
+            record_imports(db.dsn) as rec:
+        for n in range(5):
+            await MailboxRegistry(db).add(config(server, f"box{n}", use_idle=False),
+                                          interval_seconds=3600)
+        most = 0
+        async with scheduler(db, max_runs=2):
+            with trio.fail_after(60):
+                while len(rec.select()) < 5 * 300:
+                    most = max(most, await runs_holding_the_lock(db))
+                    await trio.sleep(0.005)
+    assert most == 2
+    assert {e.mailbox for e in rec.select()} == {f"box{n}" for n in range(5)}

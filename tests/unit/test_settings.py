@@ -55,3 +55,14 @@ def test_index_backend_settings() -> None:
     assert settings.search_languages == ("german", "simple")
     with pytest.raises(ConfigurationError, match="search_languages"):
         Settings.from_env({"NEXARCH_SEARCH_LANGUAGES": "english;drop"})
+
+
+@pytest.mark.parametrize(("pool_size", "max_runs", "expected"),
+                         [(10, 0, 8), (3, 0, 1), (1, 0, 1), (10, 3, 3), (2, 50, 50)])
+def test_runs_at_once_leave_the_pool_room_for_the_rest(pool_size: int, max_runs: int,
+                                                       expected: int) -> None:
+    from nexarch_events.service import import_settings
+    from nexarch_events.settings import ImportSettings, Settings
+
+    settings = Settings(pool_size=pool_size, importer=ImportSettings(max_runs=max_runs))
+    assert import_settings(settings).max_runs == expected
