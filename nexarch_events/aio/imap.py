@@ -623,8 +623,9 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         if self.refused is not None:
             return
         pending = self.incomplete_line
-        if pending and b"\n" not in data:
-            # The line cannot end in this read (its LF would be here).
+        if pending and b"\r\n" not in data and not (pending[-1:] == b"\r"
+                                                   and data[:1] == b"\n"):
+            # The line does not end in this read (nor across its start).
             if not isinstance(pending, bytearray):
                 pending = self.incomplete_line = bytearray(pending)
             pending += data

@@ -286,3 +286,31 @@ def test_a_search_of_a_million_uids_in_many_reads_is_one_line() -> None:
         assert protocol.refused is None
         assert cmd.response.result == "OK"
         assert [bytes(line) for line in cmd.response.lines[:-1]] == [uids]
+
+
+def test_bare_line_feeds_do_not_make_a_long_line_quadratic(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line spanning reads is gathered without re-copying it per read,
+    even when every read holds a bare LF (no CRLF): the partial line is
+    the same object, grown in place."""
+    monkeypatch.setattr(imap, "MAX_LINE_BYTES", 1 << 20)
+    with event_loop() as loop:
+        protocol, _cmd, _parts = start(loop, "SEARCH")
+        protocol.data_received(b"* SEARCH 1")
+        protocol.data_received(b" 2\n 3")
+        gathered = protocol.incomplete_line
+        for _ in range(100):
+            protocol.data_received(b" 4\n 5\r")
+            protocol.data_received(b"\x00 6")  # after a CR: no LF, the line goes on
+            assert protocol.incomplete_line is gathered
+        assert bytes(gathered).startswith(b"* SEARCH 1 2\n 3 4\n 5\r\x00 6")
+
+
+@pytest.mark.parametrize("reads", [
+    [b"* SEARCH 1", b" 2\r", b"\nA1 OK done\r\n"],          # CRLF across two reads
+    [b"* SEARCH 1", b" 2\n3\r", b"\nA1 OK done\r\n"],       # a bare LF, then CRLF across
+    [b"* SEARCH 1", b" 2", b" 3\r\nA1 OK done\r\n"],
+])
+def test_line_ends_across_reads_frame_as_aioimaplib_does(reads: list[bytes]) -> None:
+    assert feed(reads, _Protocol.data_received, "SEARCH") \
+        == feed(reads, ORIGINAL, "SEARCH")
