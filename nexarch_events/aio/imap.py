@@ -600,10 +600,10 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         self.incomplete_line: bytes | bytearray = b""
         #: Why the framing closed the connection itself (a reply it refuses).
         self.refused: str | None = None
-        # An oversized literal being skipped: bytes still to come, its size
-        # and the command it belongs to.
+        # An oversized literal being skipped: bytes still to come, its
+        # stand-in and the command it goes to.
         self._skip = 0
-        self._skip_size = 0
+        self._skipped: DiscardedLiteral | None = None
         self._skip_cmd: Any = None
 
     def data_received(self, data: bytes) -> None:
@@ -630,7 +630,7 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
                 pending = self.incomplete_line = bytearray(pending)
             pending += data
             if len(pending) > MAX_LINE_BYTES:
-                self._refuse(f"the server sent a line of more than {MAX_LINE_BYTES} bytes")
+                self._refuse_long_line()
             return
         # Lines must be bytes whatever the transport hands over: a
         # bytearray is what a literal's content is (ReplyPart).
@@ -657,8 +657,7 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
                 end = raw.find(b"\r\n", pos)
                 if end < 0:
                     if len(raw) - pos > MAX_LINE_BYTES:
-                        self._refuse(f"the server sent a line of more than {MAX_LINE_BYTES} "
-                                     "bytes")
+                        self._refuse_long_line()
                         return
                     raise aioimaplib.IncompleteRead(cmd, raw[pos:])
                 line = raw[pos:end]
@@ -670,7 +669,8 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
                         handled = aioimaplib.Command("NIL", "unused")
                     size = int(literal.group("size"))
                     if size > MAX_LITERAL_BYTES:
-                        self._skip = self._skip_size = size
+                        self._skip = size
+                        self._skipped = DiscardedLiteral(size, MAX_LITERAL_BYTES)
                         self._skip_cmd = handled
                     else:
                         handled.begin_literal_data(size)
@@ -700,9 +700,12 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         if self._skip:
             cmd._reset_timer()  # data is arriving: the command is not stuck
         else:
-            self._skip_cmd = None
-            cmd.append_to_resp(DiscardedLiteral(self._skip_size, MAX_LITERAL_BYTES))
+            cmd.append_to_resp(self._skipped)
+            self._skip_cmd = self._skipped = None
         return pos + taken
+
+    def _refuse_long_line(self) -> None:
+        self._refuse(f"the server sent a line of more than {MAX_LINE_BYTES} bytes")
 
     def _refuse(self, why: str) -> None:
         self.refused = why

@@ -69,6 +69,12 @@ class FetchedItem:
     #: its size and the limit); ``body`` is None then.
     discarded: DiscardedLiteral | None = None
 
+    @property
+    def flags_only(self) -> bool:
+        """No UID and no message: e.g. an unsolicited flag update (RFC 3501
+        §7.4.2), legal at any time and not ours to read."""
+        return self.uid is None and self.body is None and self.discarded is None
+
 
 def _nz(value: int) -> int | None:
     return value if 1 <= value <= MAX_UID else None

@@ -387,9 +387,7 @@ class _Run:
                 settled.add(uid)
 
         async def on_item(item: FetchedItem) -> None:
-            if item.uid is None and item.body is None and item.discarded is None:
-                # An unsolicited flag update of some message (RFC 3501
-                # §7.4.2): legal, and not ours to read.
+            if item.flags_only:
                 return
             if item.uid is None or item.uid == 0:
                 await self._untrusted(item)
@@ -557,8 +555,7 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
             items = parse_fetch(await patiently(limits, report, session.fetch, uid_set(batch),
                                                 _BODIES, limit=limits.fetch_timeout))
             for item in sorted(items, key=lambda i: i.seq):
-                if (item.uid is None and item.body is None and item.discarded is None
-                        and item.seq not in batch):
+                if item.flags_only and item.seq not in batch:
                     continue  # an unsolicited flag update
                 problem = _problem(item) or _suspicious(item)
                 if problem is not None:
