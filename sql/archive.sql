@@ -37,9 +37,16 @@ job AS (
 SELECT g.id, (SELECT id FROM job) AS job_id FROM gone g;
 
 -- name: locations
+-- The message's locations by their archive_id index, then its tenant's:
+-- with both in one WHERE the planner read the tenant's whole primary-key
+-- range (tests/integration/test_location_lookups.py).
+WITH located AS MATERIALIZED (
+    SELECT tenant_slug, mailbox, uidvalidity, uid, seen_at
+      FROM mail_archive_locations
+     WHERE archive_id = $2)
 SELECT mailbox, uidvalidity, uid, seen_at
-  FROM mail_archive_locations
- WHERE tenant_slug = $1 AND archive_id = $2
+  FROM located
+ WHERE tenant_slug = $1
  ORDER BY mailbox, uidvalidity, uid;
 
 -- name: ids_page

@@ -246,10 +246,16 @@ SELECT coalesce(max(id), 0) AS id
  WHERE $1::text IS NULL OR tenant_slug = $1::text;
 
 -- name: archive_mailboxes
--- The mailboxes each of these messages ($2) of tenant $1 was seen in.
+-- The mailboxes each of these messages ($2) of tenant $1 was seen in. The
+-- messages' locations by their archive_id index, then the tenant's (as in
+-- archive.sql's "locations").
+WITH located AS MATERIALIZED (
+    SELECT archive_id, tenant_slug, mailbox
+      FROM mail_archive_locations
+     WHERE archive_id = ANY($2::bigint[]))
 SELECT archive_id, array_agg(DISTINCT mailbox ORDER BY mailbox) AS mailboxes
-  FROM mail_archive_locations
- WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[])
+  FROM located
+ WHERE tenant_slug = $1
  GROUP BY archive_id;
 
 -- name: mailbox_set_enabled

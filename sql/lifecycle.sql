@@ -72,14 +72,20 @@ SELECT id, query FROM mail_legal_holds
 -- Which of the messages $2 of tenant $1 an active hold covers, by the
 -- database alone: tenant holds, mailbox holds (a location in that mailbox),
 -- and what a query hold recorded when it was added. One row per (message,
--- hold).
+-- hold). A message's locations are read through their archive_id index and
+-- only then matched to the held mailbox: with the mailbox in the same WHERE
+-- the planner read the tenant's every location per batch, or the held
+-- mailbox's per message (tests/integration/test_location_lookups.py).
 SELECT k.id AS archive_id, h.id AS hold_id
   FROM unnest($2::bigint[]) AS k(id)
   JOIN mail_legal_holds h ON h.tenant_slug = $1 AND h.removed_at IS NULL
  WHERE h.scope = 'tenant'
     OR (h.scope = 'mailbox' AND EXISTS (
-            SELECT 1 FROM mail_archive_locations l
-             WHERE l.archive_id = k.id AND l.tenant_slug = $1 AND l.mailbox = h.mailbox))
+            WITH located AS MATERIALIZED (
+                SELECT l.tenant_slug, l.mailbox FROM mail_archive_locations l
+                 WHERE l.archive_id = k.id)
+            SELECT 1 FROM located
+             WHERE located.tenant_slug = $1 AND located.mailbox = h.mailbox))
     OR (h.scope = 'query' AND EXISTS (
             SELECT 1 FROM mail_legal_hold_items i
              WHERE i.hold_id = h.id AND i.archive_id = k.id))
@@ -169,9 +175,14 @@ failures AS (
 SELECT name FROM boxes ORDER BY name;
 
 -- name: mailboxes_of
--- The mailboxes messages $2 of tenant $1 were seen in.
-SELECT DISTINCT mailbox FROM mail_archive_locations
- WHERE tenant_slug = $1 AND archive_id = ANY($2::bigint[])
+-- The mailboxes messages $2 of tenant $1 were seen in (their locations by
+-- the archive_id index, then the tenant's; as archive.sql's "locations").
+WITH located AS MATERIALIZED (
+    SELECT tenant_slug, mailbox
+      FROM mail_archive_locations
+     WHERE archive_id = ANY($2::bigint[]))
+SELECT DISTINCT mailbox FROM located
+ WHERE tenant_slug = $1
  ORDER BY mailbox;
 
 -- name: drop_tenant_pending_jobs
