@@ -51,9 +51,13 @@ SELECT mailbox, uidvalidity, uid, seen_at
 
 -- name: ids_page
 -- Archive ids of a tenant in id order, keyset-paged. $1 tenant, $2 after, $3 limit.
+-- Written as a range of the (tenant_slug, id) key (migration 0029): the
+-- tenant's ids above $2, and nothing past the tenant. With "tenant_slug =
+-- $1 AND id > $2 ORDER BY id" the planner walked the primary key from $2
+-- through the other tenants' rows (tests/integration/test_tenant_pages.py).
 SELECT id FROM mail_archive
- WHERE tenant_slug = $1 AND id > $2
- ORDER BY id
+ WHERE (tenant_slug, id) > ($1, $2) AND tenant_slug <= $1
+ ORDER BY tenant_slug, id
  LIMIT $3::int;
 
 -- name: tenants

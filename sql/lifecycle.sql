@@ -135,8 +135,12 @@ SELECT archive_id FROM mail_erasures
 
 -- name: ids_page
 -- Archive ids of tenant $1 above $2, ascending, at most $3 (erasing a
--- whole tenant in batches).
-SELECT id FROM mail_archive WHERE tenant_slug = $1 AND id > $2 ORDER BY id LIMIT $3::int;
+-- whole tenant in batches). A range of the (tenant_slug, id) key, as in
+-- archive.sql's "ids_page".
+SELECT id FROM mail_archive
+ WHERE (tenant_slug, id) > ($1, $2) AND tenant_slug <= $1
+ ORDER BY tenant_slug, id
+ LIMIT $3::int;
 
 -- name: unregister_tenant
 -- Stop a tenant's import: its accounts, mailboxes, sync state and recorded
@@ -228,17 +232,28 @@ SELECT pg_try_advisory_lock(1312902723, 0) AS locked;
 SELECT pg_advisory_unlock(1312902723, 0) AS unlocked;
 
 -- name: undated
--- Messages of tenant $1 above id $2 without a received date yet: no
--- location with an INTERNALDATE and no mail_archive_dates row; their
--- header section (the first 64 KiB) for the Date field. $3 limit.
-SELECT a.id, substring(a.raw FROM 1 FOR 65536) AS head
-  FROM mail_archive a
- WHERE a.tenant_slug = $1 AND a.id > $2
-   AND NOT EXISTS (SELECT 1 FROM mail_archive_dates d WHERE d.archive_id = a.id)
-   AND NOT EXISTS (SELECT 1 FROM mail_archive_locations l
-                    WHERE l.archive_id = a.id AND l.internaldate IS NOT NULL)
- ORDER BY a.id
- LIMIT $3::int;
+-- The next $3 messages of tenant $1 above id $2, in id order, each with its
+-- header section (the first 64 KiB, for the Date field) if it has no
+-- received date yet (no location with an INTERNALDATE, no mail_archive_dates
+-- row), else NULL. The window is read first through the (tenant_slug, id)
+-- key, as "ids_page", and the caller goes on after its last id: a page
+-- filtered and limited in one step was planned as a join of the tenant's
+-- whole archive, sorted, per page (tests/integration/test_tenant_pages.py).
+WITH page AS MATERIALIZED (
+    SELECT a.id FROM mail_archive a
+     WHERE (a.tenant_slug, a.id) > ($1, $2) AND a.tenant_slug <= $1
+     ORDER BY a.tenant_slug, a.id
+     LIMIT $3::int)
+SELECT p.id, u.head
+  FROM page p
+  LEFT JOIN LATERAL (
+        SELECT substring(a.raw FROM 1 FOR 65536) AS head
+          FROM mail_archive a
+         WHERE a.id = p.id
+           AND NOT EXISTS (SELECT 1 FROM mail_archive_dates d WHERE d.archive_id = a.id)
+           AND NOT EXISTS (SELECT 1 FROM mail_archive_locations l
+                            WHERE l.archive_id = a.id AND l.internaldate IS NOT NULL)) u ON true
+ ORDER BY p.id;
 
 -- name: dates_add
 -- $1 tenant, $2 ids, $3 Date headers (NULL: none). Messages erased
@@ -250,20 +265,26 @@ SELECT a.id, a.tenant_slug, d.sent_at
 ON CONFLICT (archive_id) DO NOTHING;
 
 -- name: expired
--- Messages of tenant $1 received before $2 (the earliest INTERNALDATE,
--- else the Date header, else the archive time), above id $3, at most $4,
--- in id order. Only messages whose date is known: "undated" runs first.
-SELECT a.id
-  FROM mail_archive a
-  LEFT JOIN mail_archive_dates d ON d.archive_id = a.id
+-- The next $4 messages of tenant $1 above id $3, in id order, each with
+-- whether it was received before $2 (the earliest INTERNALDATE, else the
+-- Date header, else the archive time). Only a message whose date is known
+-- can be expired: "undated" runs first. A window of ids read through the
+-- (tenant_slug, id) key, then judged, as "undated".
+WITH page AS MATERIALIZED (
+    SELECT a.id, a.archived_at FROM mail_archive a
+     WHERE (a.tenant_slug, a.id) > ($1, $3) AND a.tenant_slug <= $1
+     ORDER BY a.tenant_slug, a.id
+     LIMIT $4::int)
+SELECT p.id,
+       coalesce((loc.received IS NOT NULL OR d.archive_id IS NOT NULL)
+                AND coalesce(loc.received, d.sent_at, p.archived_at) < $2::timestamptz,
+                false) AS expired
+  FROM page p
+  LEFT JOIN mail_archive_dates d ON d.archive_id = p.id
   LEFT JOIN LATERAL (SELECT min(l.internaldate) AS received
                        FROM mail_archive_locations l
-                      WHERE l.archive_id = a.id) loc ON true
- WHERE a.tenant_slug = $1 AND a.id > $3
-   AND (loc.received IS NOT NULL OR d.archive_id IS NOT NULL)
-   AND coalesce(loc.received, d.sent_at, a.archived_at) < $2::timestamptz
- ORDER BY a.id
- LIMIT $4::int;
+                      WHERE l.archive_id = p.id) loc ON true
+ ORDER BY p.id;
 
 -- name: erased_tenants
 SELECT DISTINCT tenant_slug FROM mail_erasures ORDER BY tenant_slug;

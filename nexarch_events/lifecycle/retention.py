@@ -44,8 +44,12 @@ log = logging.getLogger(__name__)
 _SQL = sqlfiles.queries("lifecycle.sql")
 
 MAX_DAYS = 36500
-#: Messages whose Date header is read per statement.
+#: Messages looked at per statement for a missing received date (their
+#: Date header is read if so).
 DATE_BATCH = 500
+#: Messages looked at per statement for being expired: a window of the
+#: tenant's ids, in order (lifecycle.sql, "expired").
+SCAN_WINDOW = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,21 +147,27 @@ class Retention:
                                       target=target, count=0)
         erased: list[int] = []
         held: set[int] = set()
-        after = 0
-        while True:
-            ids = [r["id"] for r in await self.db.fetch(_SQL["expired"], tenant, cutoff, after,
-                                                        self.settings.batch_size)]
-            if not ids:
-                break
-            query_held = await self.eraser.holds.query_held(tenant, ids)
-            async with self.db.acquire() as conn, conn.transaction():
-                result = await self.eraser.erase_in(
-                    conn, tenant, ids, actor=self.actor, action=AuditAction.RETENTION_PASS,
-                    target=target, query_held=query_held, skip_held=True, strict=False,
-                    audit_id=audit_id)
-            erased.extend(result.erased)
-            held.update(result.skipped_held)
-            after = ids[-1]
+        batch = self.settings.batch_size
+        expired: list[int] = []
+        after, scanned = 0, False
+        while not scanned:
+            # The tenant's archive in windows of ids, in order; each expired
+            # message is erased in a batch of up to batch_size.
+            rows = await self.db.fetch(_SQL["expired"], tenant, cutoff, after, SCAN_WINDOW)
+            scanned = len(rows) < SCAN_WINDOW
+            if rows:
+                after = rows[-1]["id"]
+            expired.extend(r["id"] for r in rows if r["expired"])
+            while len(expired) >= batch or (scanned and expired):
+                ids, expired = expired[:batch], expired[batch:]
+                query_held = await self.eraser.holds.query_held(tenant, ids)
+                async with self.db.acquire() as conn, conn.transaction():
+                    result = await self.eraser.erase_in(
+                        conn, tenant, ids, actor=self.actor, action=AuditAction.RETENTION_PASS,
+                        target=target, query_held=query_held, skip_held=True, strict=False,
+                        audit_id=audit_id)
+                erased.extend(result.erased)
+                held.update(result.skipped_held)
             await trio.lowlevel.checkpoint()
         target["ids"] = audit.id_list(erased)
         if held:
@@ -173,10 +183,13 @@ class Retention:
         after = 0
         while True:
             rows = await self.db.fetch(_SQL["undated"], tenant, after, DATE_BATCH)
-            if not rows:
+            undated = [r for r in rows if r["head"] is not None]
+            if undated:
+                dates = [date_header(bytes(r["head"]), now) for r in undated]
+                await self.db.execute(_SQL["dates_add"], tenant, [r["id"] for r in undated],
+                                      dates)
+            if len(rows) < DATE_BATCH:
                 return
-            dates = [date_header(bytes(r["head"]), now) for r in rows]
-            await self.db.execute(_SQL["dates_add"], tenant, [r["id"] for r in rows], dates)
             after = rows[-1]["id"]
             await trio.lowlevel.checkpoint()
 

@@ -13,6 +13,7 @@ import trio
 
 from nexarch_events.aio import Database
 from nexarch_events.lifecycle import audit
+from nexarch_events.lifecycle import retention as retention_module
 from nexarch_events.lifecycle.holds import Holds
 from nexarch_events.lifecycle.retention import Retention, policies, set_policy
 from nexarch_events.mail.archive import Archive, Location
@@ -106,6 +107,30 @@ async def test_a_pass_erases_what_was_received_before_the_cutoff(env: Env) -> No
     statuses = await env.queue.statuses(
         [r["delete_job_id"] for r in await env.db.fetch("SELECT delete_job_id FROM mail_erasures")])
     assert set(statuses.values()) == {JobStatus.SUCCEEDED}
+
+
+async def test_a_pass_reads_the_archive_in_windows(env: Env,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # Windows of 3 ids (dates read 2 at a time), batches of 2: the expired
+    # messages are spread over windows, some windows hold none, and the
+    # last window is short; every old one goes, every recent one stays.
+    monkeypatch.setattr(retention_module, "SCAN_WINDOW", 3)
+    monkeypatch.setattr(retention_module, "DATE_BATCH", 2)
+    archive = Archive(env.db)
+    old, recent = [], []
+    for n in range(14):
+        is_old = n % 4 in (0, 3) or n == 13
+        date = "Mon, 01 Jan 2001 00:00:00 +0000" if is_old else "Fri, 20 Dec 2024 10:00:00 +0000"
+        stored = await archive.store("acme", mail(f"window{n}", date))
+        (old if is_old else recent).append(stored.archive_id)
+    await env.settle()
+    await set_policy(env.db, "acme", 30, actor="ops")
+    retention = Retention(env.db, env.backend, RetentionSettings(batch_size=2))
+    [result] = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC)) or []
+    assert sorted(result.erased) == old
+    assert await archive.ids("acme") == recent
+    dated = await env.db.fetchval("SELECT count(*) FROM mail_archive_dates")
+    assert dated == len(recent)  # the erased ones' dates went with them
 
 
 async def test_a_tenant_hold_stops_retention_and_the_file_sets_days(env: Env) -> None:

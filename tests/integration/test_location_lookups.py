@@ -19,8 +19,7 @@ archive_id, and kept that plan:
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -29,28 +28,14 @@ from nexarch_events.db import sqlfiles
 from nexarch_events.importer.state import StateStore
 from nexarch_events.lifecycle.holds import Holds, held_in
 from tests.support.backends import open_backend
+from tests.support.reads import entries_read
 
 TENANT = "acme"
+LOCATIONS = "mail_archive_locations"
 COUNT = 300
 # One import reads the message's few locations, the primary key's conflict
 # probe and the sync state: a handful of entries, whatever COUNT is.
 ENTRIES_PER_IMPORT = 20
-
-
-_ENTRIES_READ = ("SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index"
-                 " WHERE indrelid = 'mail_archive_locations'::regclass")
-
-
-@asynccontextmanager
-async def entries_read(conn: Connection) -> AsyncIterator[list[int]]:
-    """Index entries of mail_archive_locations the block read, in one
-    transaction: the counter holds what was not yet flushed to the
-    statistics, which is never done inside a transaction."""
-    read = [0]
-    async with conn.transaction():
-        before = await conn.fetchval(_ENTRIES_READ)
-        yield read
-        read[0] = int(await conn.fetchval(_ENTRIES_READ) - before)
 
 
 def raw(n: int) -> bytes:
@@ -66,7 +51,7 @@ async def import_all(conn: Connection, mailbox: str, uidvalidity: int) -> list[i
     await store.begin(TENANT, mailbox, uidvalidity, None, COUNT)
     reads = []
     for uid in range(1, COUNT + 1):
-        async with entries_read(conn) as read:
+        async with entries_read(conn, LOCATIONS) as read:
             await store.import_message(TENANT, mailbox, uidvalidity, uid, "new", raw(uid))
         reads.append(read[0])
     return reads
@@ -117,7 +102,7 @@ async def calls_read_a_few_entries(db: Database, ids: list[int], call: Callable[
     try:
         for batch in range(8):
             chunk = ids[batch * 100:(batch + 1) * 100]
-            async with entries_read(conn) as read:
+            async with entries_read(conn, LOCATIONS) as read:
                 await call(conn, chunk)
             assert read[0] <= 3 * len(chunk), (batch, read[0])
     finally:
