@@ -223,27 +223,44 @@ SELECT m.*
 -- $3, each with the first place it was seen (none if stored without one):
 -- the replay of an event stream that resumes after archive id $2. The
 -- folder is the registered mailbox's (decoded), as live events carry it.
+-- One branch runs: all tenants by the primary key, or one tenant as a range
+-- of its (tenant_slug, id) key (migration 0029; "tenant IS NULL OR tenant =
+-- $1" in one WHERE walked the primary key through the other tenants' rows).
 SELECT a.id AS archive_id, a.tenant_slug, a.archived_at,
        l.mailbox, l.uidvalidity, l.uid,
        (SELECT m.folder FROM mail_import_mailboxes m
          WHERE m.tenant_slug = a.tenant_slug AND m.name = l.mailbox) AS folder
-  FROM mail_archive a
+  FROM ((SELECT id, tenant_slug, archived_at FROM mail_archive
+          WHERE $1::text IS NULL AND id > $2::bigint
+          ORDER BY id
+          LIMIT $3::int)
+        UNION ALL
+        (SELECT id, tenant_slug, archived_at FROM mail_archive
+          WHERE (tenant_slug, id) > ($1::text, $2::bigint) AND tenant_slug <= $1::text
+          ORDER BY tenant_slug, id
+          LIMIT $3::int)) a
   LEFT JOIN LATERAL (
         SELECT loc.mailbox, loc.uidvalidity, loc.uid
           FROM mail_archive_locations loc
          WHERE loc.archive_id = a.id
          ORDER BY loc.seen_at, loc.mailbox, loc.uidvalidity, loc.uid
          LIMIT 1) l ON true
- WHERE a.id > $2::bigint
-   AND ($1::text IS NULL OR a.tenant_slug = $1::text)
- ORDER BY a.id
- LIMIT $3::int;
+ ORDER BY a.id;
 
 -- name: archive_max_id
 -- The newest archive id of tenant $1 (NULL: all); 0 if none.
-SELECT coalesce(max(id), 0) AS id
-  FROM mail_archive
- WHERE $1::text IS NULL OR tenant_slug = $1::text;
+-- Only the branch the CASE takes runs. The tenant's is the last entry of
+-- its range of the (tenant_slug, id) key (migration 0029), written so that
+-- no other index can give that order: an OR in one WHERE, or max(id) with
+-- the tenant as a filter, walked the primary key down through the other
+-- tenants' newer rows (tests/integration/test_tenant_pages.py).
+SELECT coalesce(CASE WHEN $1::text IS NULL THEN (SELECT max(id) FROM mail_archive)
+                     ELSE (SELECT id FROM mail_archive
+                            WHERE (tenant_slug, id) <= ($1::text, 9223372036854775807)
+                              AND tenant_slug >= $1::text
+                            ORDER BY tenant_slug DESC, id DESC
+                            LIMIT 1)
+                END, 0) AS id;
 
 -- name: archive_mailboxes
 -- The mailboxes each of these messages ($2) of tenant $1 was seen in. The

@@ -58,6 +58,8 @@ PAGED: list[tuple[str, str, Callable[[str, int, int], tuple[object, ...]], int]]
     # Retention's windows: every message is dated, and expired by 2100.
     ("lifecycle.sql", "undated", lambda t, after, n: (t, after, n), 2),
     ("lifecycle.sql", "expired", lambda t, after, n: (t, FUTURE, after, n), 1),
+    # An event stream's replay.
+    ("importer.sql", "archived_after", lambda t, after, n: (t, after, n), 1),
 ]
 
 
@@ -80,8 +82,25 @@ async def test_a_page_of_one_tenant_reads_about_one_page(
                     break
                 assert all(r["expired"] for r in rows) if name == "expired" else True
                 assert all(r["head"] is None for r in rows) if name == "undated" else True
-                seen += [r["id"] for r in rows]
+                seen += [r[0] for r in rows]  # the id
                 after = seen[-1]
             assert seen == archive[tenant][:len(seen)] and len(seen) >= min(SMALL, 8 * PAGE)
+    finally:
+        await conn.aclose()
+
+
+async def test_the_newest_id_of_one_tenant_reads_one_entry(
+        db: Database, archive: dict[str, list[int]]) -> None:
+    # Where a tenant's event stream starts.
+    query = sqlfiles.queries("importer.sql")["archive_max_id"]
+    conn = await Connection.open(db.dsn)
+    try:
+        for _ in range(4):  # past the custom plans
+            for tenant in ("small", "large", "nobody", None):
+                async with entries_read(conn, "mail_archive") as read:
+                    newest = await conn.fetchval(query, tenant)
+                assert read[0] <= 2, (tenant, read[0])
+                assert newest == (max(archive[tenant]) if tenant in archive else
+                                  0 if tenant else max(archive["large"]))
     finally:
         await conn.aclose()
