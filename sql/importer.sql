@@ -223,9 +223,9 @@ SELECT m.*
 -- $3, each with the first place it was seen (none if stored without one):
 -- the replay of an event stream that resumes after archive id $2. The
 -- folder is the registered mailbox's (decoded), as live events carry it.
--- One branch runs: all tenants by the primary key, or one tenant as a range
--- of its (tenant_slug, id) key (migration 0029; "tenant IS NULL OR tenant =
--- $1" in one WHERE walked the primary key through the other tenants' rows).
+-- One branch runs: all tenants by the primary key, or one tenant's ids as
+-- planned for it (migration 0029; "tenant IS NULL OR tenant = $1" in one
+-- WHERE walked the primary key through the other tenants' rows).
 SELECT a.id AS archive_id, a.tenant_slug, a.archived_at,
        l.mailbox, l.uidvalidity, l.uid,
        (SELECT m.folder FROM mail_import_mailboxes m
@@ -235,10 +235,9 @@ SELECT a.id AS archive_id, a.tenant_slug, a.archived_at,
           ORDER BY id
           LIMIT $3::int)
         UNION ALL
-        (SELECT id, tenant_slug, archived_at FROM mail_archive
-          WHERE (tenant_slug, id) > ($1::text, $2::bigint) AND tenant_slug <= $1::text
-          ORDER BY tenant_slug, id
-          LIMIT $3::int)) a
+        (SELECT t.id, $1::text, t.archived_at
+           FROM mail_archive_tenant_ids($1::text, $2::bigint, $3::int) t
+          WHERE $1::text IS NOT NULL)) a
   LEFT JOIN LATERAL (
         SELECT loc.mailbox, loc.uidvalidity, loc.uid
           FROM mail_archive_locations loc
@@ -249,17 +248,12 @@ SELECT a.id AS archive_id, a.tenant_slug, a.archived_at,
 
 -- name: archive_max_id
 -- The newest archive id of tenant $1 (NULL: all); 0 if none.
--- Only the branch the CASE takes runs. The tenant's is the last entry of
--- its range of the (tenant_slug, id) key (migration 0029), written so that
--- no other index can give that order: an OR in one WHERE, or max(id) with
--- the tenant as a filter, walked the primary key down through the other
--- tenants' newer rows (tests/integration/test_tenant_pages.py).
+-- Only the branch the CASE takes runs; the tenant's is planned for it
+-- (migration 0029): an OR in one WHERE, or a generic plan, walked the
+-- primary key down through the other tenants' newer rows
+-- (tests/integration/test_tenant_pages.py).
 SELECT coalesce(CASE WHEN $1::text IS NULL THEN (SELECT max(id) FROM mail_archive)
-                     ELSE (SELECT id FROM mail_archive
-                            WHERE (tenant_slug, id) <= ($1::text, 9223372036854775807)
-                              AND tenant_slug >= $1::text
-                            ORDER BY tenant_slug DESC, id DESC
-                            LIMIT 1)
+                     ELSE mail_archive_tenant_newest($1::text)
                 END, 0) AS id;
 
 -- name: archive_mailboxes

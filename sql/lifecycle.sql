@@ -135,12 +135,9 @@ SELECT archive_id FROM mail_erasures
 
 -- name: ids_page
 -- Archive ids of tenant $1 above $2, ascending, at most $3 (erasing a
--- whole tenant in batches). A range of the (tenant_slug, id) key, as in
--- archive.sql's "ids_page".
-SELECT id FROM mail_archive
- WHERE (tenant_slug, id) > ($1, $2) AND tenant_slug <= $1
- ORDER BY tenant_slug, id
- LIMIT $3::int;
+-- whole tenant in batches). Planned for the tenant, as archive.sql's
+-- "ids_page".
+SELECT id FROM mail_archive_tenant_ids($1, $2, $3);
 
 -- name: unregister_tenant
 -- Stop a tenant's import: its accounts, mailboxes, sync state and recorded
@@ -235,15 +232,11 @@ SELECT pg_advisory_unlock(1312902723, 0) AS unlocked;
 -- The next $3 messages of tenant $1 above id $2, in id order, each with its
 -- header section (the first 64 KiB, for the Date field) if it has no
 -- received date yet (no location with an INTERNALDATE, no mail_archive_dates
--- row), else NULL. The window is read first through the (tenant_slug, id)
--- key, as "ids_page", and the caller goes on after its last id: a page
--- filtered and limited in one step was planned as a join of the tenant's
--- whole archive, sorted, per page (tests/integration/test_tenant_pages.py).
-WITH page AS MATERIALIZED (
-    SELECT a.id FROM mail_archive a
-     WHERE (a.tenant_slug, a.id) > ($1, $2) AND a.tenant_slug <= $1
-     ORDER BY a.tenant_slug, a.id
-     LIMIT $3::int)
+-- row), else NULL. The window's ids come first, planned for the tenant as
+-- "ids_page", and the caller goes on after its last id: a page filtered and
+-- limited in one step was planned as a join of the tenant's whole archive,
+-- sorted, per page (tests/integration/test_tenant_pages.py).
+WITH page AS MATERIALIZED (SELECT w.id FROM mail_archive_tenant_ids($1, $2, $3) w)
 SELECT p.id, u.head
   FROM page p
   LEFT JOIN LATERAL (
@@ -268,13 +261,10 @@ ON CONFLICT (archive_id) DO NOTHING;
 -- The next $4 messages of tenant $1 above id $3, in id order, each with
 -- whether it was received before $2 (the earliest INTERNALDATE, else the
 -- Date header, else the archive time). Only a message whose date is known
--- can be expired: "undated" runs first. A window of ids read through the
--- (tenant_slug, id) key, then judged, as "undated".
-WITH page AS MATERIALIZED (
-    SELECT a.id, a.archived_at FROM mail_archive a
-     WHERE (a.tenant_slug, a.id) > ($1, $3) AND a.tenant_slug <= $1
-     ORDER BY a.tenant_slug, a.id
-     LIMIT $4::int)
+-- can be expired: "undated" runs first. A window of ids first, then each
+-- judged, as "undated".
+WITH page AS MATERIALIZED (SELECT w.id, w.archived_at
+                             FROM mail_archive_tenant_ids($1, $3, $4) w)
 SELECT p.id,
        coalesce((loc.received IS NOT NULL OR d.archive_id IS NOT NULL)
                 AND coalesce(loc.received, d.sent_at, p.archived_at) < $2::timestamptz,

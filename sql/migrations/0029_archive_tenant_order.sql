@@ -25,3 +25,35 @@ ALTER TABLE mail_archive_locations
 ALTER TABLE mail_archive_dates
     ADD CONSTRAINT mail_archive_dates_archive FOREIGN KEY (archive_id, tenant_slug)
         REFERENCES mail_archive (id, tenant_slug) ON DELETE CASCADE;
+
+-- A page of one tenant's ids, planned for that tenant. Which plan reads
+-- about one page depends on the tenant's share of the archive: walking the
+-- primary key is right for a tenant that holds most of it, the (tenant_slug,
+-- id) key for any other. A prepared statement soon switches to one generic
+-- plan for every tenant, which guesses an average share, and a small
+-- tenant's page then read the rows of every tenant above it. EXECUTE plans
+-- each call with the tenant and the bounds it is given.
+-- With the columns its callers need beside the id, so none joins the
+-- archive again (a join to a function's rows may be planned as a scan of
+-- the whole table).
+CREATE FUNCTION mail_archive_tenant_ids(p_tenant text, p_after bigint, p_limit integer)
+RETURNS TABLE (id bigint, archived_at timestamptz)
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN QUERY EXECUTE
+        'SELECT a.id, a.archived_at FROM mail_archive a
+          WHERE a.tenant_slug = $1 AND a.id > $2
+          ORDER BY a.id LIMIT $3'
+        USING p_tenant, p_after, p_limit;
+END $$;
+
+-- The tenant's newest id (0 if none), planned for that tenant likewise.
+CREATE FUNCTION mail_archive_tenant_newest(p_tenant text) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    newest bigint;
+BEGIN
+    EXECUTE 'SELECT max(a.id) FROM mail_archive a WHERE a.tenant_slug = $1'
+       INTO newest USING p_tenant;
+    RETURN coalesce(newest, 0);
+END $$;

@@ -79,17 +79,19 @@ async def test_importing_archived_messages_reads_a_few_entries_each(
 
 @pytest.fixture
 async def located(db: Database) -> list[int]:
-    """3,000 messages of the tenant, each in INBOX and in "Legal"; their ids."""
+    """20,000 messages of the tenant, each in INBOX and in "Legal" (a table
+    large enough that reading it whole is not the cheap plan); their ids."""
     await db.execute("""
         WITH a AS (
             INSERT INTO mail_archive (tenant_slug, sha256, size_bytes, raw)
             SELECT $1, sha256(convert_to('m' || n, 'UTF8')), length('m' || n),
                    convert_to('m' || n, 'UTF8')
-              FROM generate_series(1, 3000) AS n
+              FROM generate_series(1, 20000) AS n
             RETURNING id)
         INSERT INTO mail_archive_locations (archive_id, tenant_slug, mailbox, uidvalidity, uid)
         SELECT a.id, $1, box, 1, a.id FROM a, unnest(ARRAY['INBOX', 'Legal']) AS box""",
                      TENANT)
+    await db.execute("ANALYZE mail_archive_locations")  # as autovacuum would
     return [r["id"] for r in await db.fetch(
         "SELECT id FROM mail_archive WHERE tenant_slug = $1 ORDER BY id", TENANT)]
 

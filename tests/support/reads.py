@@ -1,5 +1,6 @@
 """How much of a table one call read, counted by Postgres rather than timed:
-index entries returned by the table's indexes inside one transaction."""
+index entries returned by the table's indexes, and rows read by scans of the
+whole table, inside one transaction."""
 
 from __future__ import annotations
 
@@ -8,15 +9,17 @@ from contextlib import asynccontextmanager
 
 from nexarch_events.aio import Connection
 
-_ENTRIES_READ = ("SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0)"
+_ENTRIES_READ = ("SELECT pg_stat_get_xact_tuples_returned($1::regclass)"
+                 " + coalesce(sum(pg_stat_get_xact_tuples_returned(indexrelid)), 0)"
                  " FROM pg_index WHERE indrelid = $1::regclass")
 
 
 @asynccontextmanager
 async def entries_read(conn: Connection, table: str) -> AsyncIterator[list[int]]:
-    """Index entries of ``table`` the block read, in one transaction (the
-    counter holds what was not yet flushed to the statistics, which is never
-    done inside a transaction): ``read[0]`` once the block has ended."""
+    """Index entries and sequentially scanned rows of ``table`` the block
+    read, in one transaction (the counter holds what was not yet flushed to
+    the statistics, which is never done inside a transaction): ``read[0]``
+    once the block has ended."""
     read = [0]
     async with conn.transaction():
         before = await conn.fetchval(_ENTRIES_READ, table)
