@@ -262,15 +262,18 @@ ON CONFLICT (archive_id) DO NOTHING;
 -- whether it was received before $2 (the earliest INTERNALDATE, else the
 -- Date header, else the archive time). Only a message whose date is known
 -- can be expired: "undated" runs first. A window of ids first, then each
--- judged, as "undated".
+-- judged, as "undated". Each message's date row is looked up by its key
+-- (LATERAL ... LIMIT 1): a plain join was planned as a hash of the whole
+-- mail_archive_dates table, every tenant's, per window.
 WITH page AS MATERIALIZED (SELECT w.id, w.archived_at
                              FROM mail_archive_tenant_ids($1, $3, $4) w)
 SELECT p.id,
-       coalesce((loc.received IS NOT NULL OR d.archive_id IS NOT NULL)
+       coalesce((loc.received IS NOT NULL OR d.found)
                 AND coalesce(loc.received, d.sent_at, p.archived_at) < $2::timestamptz,
                 false) AS expired
   FROM page p
-  LEFT JOIN mail_archive_dates d ON d.archive_id = p.id
+  LEFT JOIN LATERAL (SELECT true AS found, dd.sent_at FROM mail_archive_dates dd
+                      WHERE dd.archive_id = p.id LIMIT 1) d ON true
   LEFT JOIN LATERAL (SELECT min(l.internaldate) AS received
                        FROM mail_archive_locations l
                       WHERE l.archive_id = p.id) loc ON true
