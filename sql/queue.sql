@@ -266,24 +266,36 @@ SELECT id
 -- finishes long after higher ids did, and must not be skipped. If job $2 is
 -- not a finished job of that tenant (0, requeued since, or another
 -- tenant's, which must not reveal when that one finished), jobs with a
--- higher id are the best guess.
-WITH mark AS (
+-- higher id are the best guess. The two cases are two branches, of which
+-- one returns rows: the cursor's is a range of the finished index that
+-- starts at the mark (compared inside a CASE, the cursor was only a filter,
+-- and the scan started at the oldest finished job).
+WITH mark AS MATERIALIZED (
     SELECT finished_at, id
       FROM mail_index_jobs
      WHERE id = $2::bigint
        AND status IN ('succeeded', 'failed')
        AND ($1::text IS NULL OR tenant_slug = $1::text)
 )
-SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
-  FROM mail_index_jobs j
- WHERE j.status IN ('succeeded', 'failed')
-   AND ($1::text IS NULL OR j.tenant_slug = $1::text)
-   AND CASE WHEN EXISTS (SELECT 1 FROM mark)
-            THEN (j.finished_at, j.id) > (SELECT m.finished_at, m.id FROM mark m)
-            ELSE j.id > $2::bigint
-       END
- ORDER BY j.finished_at, j.id
- LIMIT $3::int;
+SELECT * FROM (
+    (SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
+       FROM mail_index_jobs j
+      WHERE j.status IN ('succeeded', 'failed')
+        AND ($1::text IS NULL OR j.tenant_slug = $1::text)
+        AND (j.finished_at, j.id) > ((SELECT m.finished_at FROM mark m),
+                                     (SELECT m.id FROM mark m))
+      ORDER BY j.finished_at, j.id
+      LIMIT $3::int)
+    UNION ALL
+    (SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
+       FROM mail_index_jobs j
+      WHERE NOT EXISTS (SELECT 1 FROM mark)
+        AND j.status IN ('succeeded', 'failed')
+        AND ($1::text IS NULL OR j.tenant_slug = $1::text)
+        AND j.id > $2::bigint
+      ORDER BY j.finished_at, j.id
+      LIMIT $3::int)) f
+ ORDER BY f.finished_at, f.id;
 
 -- name: prune
 -- Retention: delete up to $3 finished jobs, succeeded ones finished more than
