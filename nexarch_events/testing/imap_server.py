@@ -358,7 +358,9 @@ class ScriptedImapServer:
         connection = _Connection(stream, _Reader(stream))
         try:
             await self._converse(connection)
-        except (_Disconnect, trio.BrokenResourceError, trio.ClosedResourceError):
+        except* (_Disconnect, trio.BrokenResourceError, trio.ClosedResourceError):
+            # The client went away; also when the read that saw it ran in a
+            # nursery of its own (IDLE), which wraps it in an exception group.
             pass
         finally:
             with trio.CancelScope(shield=True):

@@ -4,6 +4,8 @@ trio socket client so its wire format is checked byte for byte."""
 from __future__ import annotations
 
 import re
+import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -240,6 +242,23 @@ async def test_client_disconnect_mid_reply_does_not_crash_the_server() -> None:
     async with open_scripted_imap([big]) as server:
         async with selected(server) as client:
             await client.send(b"A3 UID FETCH 1 (BODY.PEEK[])\r\n")
+        async with selected(server) as client:
+            assert (await client.command("NOOP")) == [b"A3 OK NOOP completed."]
+
+
+async def test_a_client_reset_during_idle_does_not_crash_the_server() -> None:
+    # A reset (not a clean close) while the server reads for DONE: the read
+    # fails inside IDLE's own nursery, so it arrives as an exception group.
+    # The demo's server is this one, in the demo's process: on Ctrl-C it
+    # ended the whole demo with exit 70 ("internal error").
+    async with open_scripted_imap(messages(1)) as server:
+        async with selected(server) as client:
+            await client.send(b"A3 IDLE\r\n")
+            assert await client.line() == b"+ idling"
+            # SO_LINGER 0: closing sends RST instead of FIN.
+            client.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                            struct.pack("ii", 1, 0))
+        await trio.sleep(0.1)
         async with selected(server) as client:
             assert (await client.command("NOOP")) == [b"A3 OK NOOP completed."]
 
