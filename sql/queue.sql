@@ -241,8 +241,8 @@ SELECT (SELECT coalesce(json_object_agg(status, n), '{}'::json)::text
 
 -- name: succeeded_within
 -- Throughput: jobs of tenant $1 (NULL: all) that succeeded in the last $2
--- seconds. finished_at has no index, so this scans the table like "stats":
--- an operator query, polled every few seconds at most.
+-- seconds: a range of mail_index_jobs_finished (filtered by tenant), an
+-- operator query, polled every few seconds at most.
 SELECT count(*) AS n
   FROM mail_index_jobs
  WHERE status = 'succeeded'
