@@ -262,23 +262,15 @@ class Queue:
             superseded=tuple(JobId(r["id"]) for r in rows if not r["requeued"]))
 
     async def stats(self) -> QueueStats:
-        row = await self.db.fetchrow(_SQL["stats"])
-        assert row is not None
-        raw = cast(dict[str, int], json.loads(row["counts"]))
-        counts = {status: int(raw.get(status.value, 0)) for status in JobStatus}
-        age = row["oldest_ready_age_s"]
-        return QueueStats(counts=counts, oldest_ready_age_s=None if age is None else float(age))
+        """Counts per status and the oldest ready job's age, every tenant's."""
+        return _stats(await self.db.fetchrow(_SQL["stats"]))
 
     async def stats_for(self, tenant_slug: str | None) -> QueueStats:
         """``stats`` of one tenant's jobs (None: every tenant's)."""
-        if tenant_slug is not None:
-            validate_tenant_slug(tenant_slug)
-        row = await self.db.fetchrow(_SQL["stats_scoped"], tenant_slug)
-        assert row is not None
-        raw = cast(dict[str, int], json.loads(row["counts"]))
-        counts = {status: int(raw.get(status.value, 0)) for status in JobStatus}
-        age = row["oldest_ready_age_s"]
-        return QueueStats(counts=counts, oldest_ready_age_s=None if age is None else float(age))
+        if tenant_slug is None:
+            return await self.stats()
+        validate_tenant_slug(tenant_slug)
+        return _stats(await self.db.fetchrow(_SQL["stats_tenant"], tenant_slug))
 
     async def succeeded_within(self, seconds: float, *, tenant_slug: str | None = None) -> int:
         """Jobs (of one tenant, or all) that succeeded in the last ``seconds``."""
@@ -347,6 +339,14 @@ def _clip_error(error: str) -> str:
     if len(error) <= MAX_ERROR_LENGTH:
         return error
     return error[:MAX_ERROR_LENGTH] + f"... [{len(error) - MAX_ERROR_LENGTH} characters cut]"
+
+
+def _stats(row: Row | None) -> QueueStats:
+    assert row is not None  # the statement always returns one row
+    raw = cast(dict[str, int], json.loads(row["counts"]))
+    counts = {status: int(raw.get(status.value, 0)) for status in JobStatus}
+    age = row["oldest_ready_age_s"]
+    return QueueStats(counts=counts, oldest_ready_age_s=None if age is None else float(age))
 
 
 def _claimed(row: Row) -> ClaimedJob:

@@ -6,9 +6,9 @@ Counted are index entries and scanned rows of mail_index_jobs
 
 Before, the cursor was compared inside a CASE, so it was only a filter and
 the scan of the finished index started at the oldest finished job (found by
-an audit of the SQL, stop 24). Where a stream starts ("last_finished") still
-walks back through every tenant's newer jobs for an idle tenant; see the
-closing note of stop 24."""
+an audit of the SQL, stop 24). Where a stream starts ("last_finished")
+walked back through every tenant's newer jobs for an idle tenant (20,001
+entries for the small tenant here) until migration 0030."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from nexarch_events.aio import Connection, Database
 from nexarch_events.db import sqlfiles
+from nexarch_events.models import JobStatus
 from tests.support.reads import entries_read
 
 QUEUE = sqlfiles.queries("queue.sql")
@@ -50,5 +51,75 @@ async def test_resuming_a_stream_reads_from_its_cursor(
             assert [r["id"] for r in rows] == history["large"][LARGE // 2 + 1:LARGE // 2 + 101]
             # The mark's row, the page and a look-ahead: not the history before it.
             assert read[0] <= 110, read[0]
+    finally:
+        await conn.aclose()
+
+
+@pytest.mark.parametrize(("tenant", "bound"), [("small", 1_000 + 2 * SMALL + 10),
+                                               ("large", 1_000 + 10), (None, 10)])
+async def test_where_a_stream_starts_is_found_without_the_other_tenants_history(
+        db: Database, history: dict[str, list[int]], tenant: str | None, bound: int) -> None:
+    """An idle tenant's last finished job: a window of the newest finished
+    jobs, then that tenant's own jobs; never the history of every tenant
+    since it was last busy."""
+    conn = await Connection.open(db.dsn)
+    try:
+        for _ in range(8):  # past the custom plans
+            async with entries_read(conn, "mail_index_jobs") as read:
+                last = await conn.fetchval(QUEUE["last_finished"], tenant)
+            assert last == history[tenant or "large"][-1]
+            assert read[0] <= bound, read[0]
+        assert await conn.fetchval(QUEUE["last_finished"], "nobody") is None
+    finally:
+        await conn.aclose()
+
+
+async def test_where_a_stream_starts_orders_by_finish_time_then_id(db: Database) -> None:
+    """A retried job finishes after higher ids did; jobs finished in the same
+    instant are ordered by id; pending jobs and other tenants' do not count."""
+    rows = await db.fetch("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, status, attempts,
+                                     finished_at)
+        VALUES ('index', 'a', 'late', 'failed', 5, now()),
+               ('index', 'a', 'x', 'succeeded', 1, now() - interval '1 minute'),
+               ('index', 'a', 'y', 'succeeded', 1, now() - interval '1 minute'),
+               ('index', 'b', 'z', 'succeeded', 1, now() + interval '1 minute')
+        RETURNING id""")
+    await db.execute("INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)"
+                     " VALUES ('index', 'a', 'pending')")
+    late = rows[0]["id"]
+    assert await db.fetchval(QUEUE["last_finished"], "a") == late
+    await db.execute("UPDATE mail_index_jobs SET finished_at = now() - interval '1 hour'"
+                     " WHERE id = $1", late)
+    assert await db.fetchval(QUEUE["last_finished"], "a") == rows[2]["id"]
+    assert await db.fetchval(QUEUE["last_finished"], None) == rows[3]["id"]
+
+
+async def test_a_small_tenants_queue_stats_read_its_own_jobs(
+        db: Database, history: dict[str, list[int]]) -> None:
+    """GET /queue for one tenant counts that tenant's jobs through its key,
+    whatever was asked before: once the statement for "one tenant or all"
+    settled on a generic plan (after calls for all tenants), a small
+    tenant's counts scanned the whole job table."""
+    from nexarch_events.queue import Queue
+
+    await db.execute("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)
+        SELECT 'index', 'small', 'pending-' || n FROM generate_series(1, 3) AS n""")
+    conn = await Connection.open(db.dsn)
+    try:
+        queue = Queue(conn)
+        for tenant in (None, None, "large", None, "large", None, None, "large"):
+            await queue.stats_for(tenant)
+        for _ in range(3):
+            async with entries_read(conn, "mail_index_jobs") as read:
+                stats = await queue.stats_for("small")
+            assert stats.counts[JobStatus.SUCCEEDED] == SMALL
+            assert stats.counts[JobStatus.PENDING] == 3
+            assert stats.oldest_ready_age_s is not None
+            # Its jobs, counted once and once more for the oldest ready one.
+            assert read[0] <= 2 * (SMALL + 3) + 10, read[0]
+        everyone = await queue.stats_for(None)
+        assert everyone.counts[JobStatus.SUCCEEDED] == SMALL + LARGE
     finally:
         await conn.aclose()
