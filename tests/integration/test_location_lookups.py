@@ -158,3 +158,54 @@ async def test_the_mailboxes_of_an_erasure_are_read_from_its_messages(
         assert [r["mailbox"] for r in await conn.fetch(query, TENANT, chunk)] == BOTH
 
     await calls_read_a_few_entries(db, located, check)
+
+
+ITEMS = "mail_legal_hold_items"
+
+
+async def query_holds(db: Database, located: list[int]) -> tuple[int, int]:
+    """A query hold that recorded 12,500 of the messages and one that
+    recorded 10 (inserted as Holds.add records them, without a search)."""
+    ids = []
+    for count in (12_500, 10):
+        hold_id = await db.fetchval(
+            "INSERT INTO mail_legal_holds (tenant_slug, scope, query, reason, created_by)"
+            " VALUES ($1, 'query', 'invoice', 'case', 'counsel') RETURNING id", TENANT)
+        await db.execute(
+            "INSERT INTO mail_legal_hold_items (hold_id, tenant_slug, archive_id)"
+            " SELECT $1, $2, unnest($3::bigint[])", hold_id, TENANT, located[-count:])
+        ids.append(hold_id)
+    await db.execute(f"ANALYZE {ITEMS}")  # as autovacuum would
+    return ids[0], ids[1]
+
+
+async def test_the_hold_check_of_a_batch_reads_the_batch_s_query_hold_items(
+        db: Database, located: list[int]) -> None:
+    big, small = await query_holds(db, located)
+    conn = await Connection.open(db.dsn)
+    try:
+        for start in (0, 7_400, 19_900, 100, 19_800, 7_500, 200, 19_700):
+            chunk = located[start:start + 100]
+            async with entries_read(conn, ITEMS) as read:
+                held = await held_in(conn, TENANT, chunk)
+            assert held == {i: {big} | ({small} if i in located[-10:] else set())
+                            for i in chunk if i in located[-12_500:]}
+            # A key lookup per message and hold, not every recorded item.
+            assert read[0] <= 3 * len(chunk), (start, read[0])
+    finally:
+        await conn.aclose()
+
+
+async def test_listing_holds_counts_each_hold_s_own_items(
+        db: Database, located: list[int]) -> None:
+    big, small = await query_holds(db, located)
+    list_holds = sqlfiles.queries("lifecycle.sql")["hold_list"]
+    conn = await Connection.open(db.dsn)
+    try:
+        for _ in range(8):  # past the custom plans
+            async with entries_read(conn, ITEMS) as read:
+                rows = await conn.fetch(list_holds, TENANT, False)
+            assert {r["id"]: r["recorded"] for r in rows} == {big: 12_500, small: 10}
+            assert read[0] <= 12_510 + 20, read[0]
+    finally:
+        await conn.aclose()
