@@ -33,3 +33,11 @@ def test_compose_uses_only_settings_the_package_knows() -> None:
     assert services["service"]["command"] == ["nexarch-events", "run"]
     assert set(services["service"]["secrets"]) <= set(compose["secrets"])
     assert all(s.get("file") for s in compose["secrets"].values())
+
+
+def test_compose_runs_postgres_without_jit() -> None:
+    # README, "Production": a misestimated plan JIT-compiled for 200-300 ms.
+    postgres = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]["postgres"]
+    command = postgres["command"]
+    assert command[0] == "postgres"
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "-c"] == ["jit=off"]
