@@ -114,61 +114,14 @@ SELECT total, archive_id, subject, sender_display AS sender, sent_at, received_a
 
 -- name: search_all
 -- The empty query: every message of the tenant ($1) that passes the
--- filters, newest first, undated last (index mail_search_documents_newest);
--- counted up to $8 in the same statement (one snapshot). One row at least,
--- as search_text. $9/$10: the received-date range.
-WITH found AS MATERIALIZED (
-    SELECT d.archive_id, d.sent_at
-      FROM mail_search_documents d
-     WHERE d.tenant_slug = $1
-       AND ($2::text IS NULL OR $2 = ANY (d.sender_addresses))
-       AND ($3::timestamptz IS NULL OR d.sent_at >= $3)
-       AND ($4::timestamptz IS NULL OR d.sent_at < $4)
-       AND ($5::text IS NULL OR $5 = ANY (d.mailboxes))
-       AND ($9::timestamptz IS NULL OR d.received_at >= $9)
-       AND ($10::timestamptz IS NULL OR d.received_at < $10)
-     ORDER BY d.sent_at DESC NULLS LAST, d.archive_id DESC
-     LIMIT $8::int
-),
-page AS (
-    SELECT f.archive_id, f.sent_at FROM found f
-     ORDER BY f.sent_at DESC NULLS LAST, f.archive_id DESC
-     LIMIT $6::int OFFSET $7::int
-)
-SELECT t.total, p.archive_id, d.subject, d.sender, d.sent_at, d.received_at, 0::real AS score,
-       left(d.body, 200) AS body_head, NULL::text AS lexemes
-  FROM (SELECT count(*) AS total FROM found) t
-  LEFT JOIN page p ON true
-  LEFT JOIN mail_search_documents d ON d.tenant_slug = $1 AND d.archive_id = p.archive_id
- ORDER BY p.sent_at DESC NULLS LAST, p.archive_id DESC;
-
--- name: search_all_received
--- search_all listed by received date, newest first, unknown last (index
--- mail_search_documents_received, migration 0020).
-WITH found AS MATERIALIZED (
-    SELECT d.archive_id, d.received_at
-      FROM mail_search_documents d
-     WHERE d.tenant_slug = $1
-       AND ($2::text IS NULL OR $2 = ANY (d.sender_addresses))
-       AND ($3::timestamptz IS NULL OR d.sent_at >= $3)
-       AND ($4::timestamptz IS NULL OR d.sent_at < $4)
-       AND ($5::text IS NULL OR $5 = ANY (d.mailboxes))
-       AND ($9::timestamptz IS NULL OR d.received_at >= $9)
-       AND ($10::timestamptz IS NULL OR d.received_at < $10)
-     ORDER BY d.received_at DESC NULLS LAST, d.archive_id DESC
-     LIMIT $8::int
-),
-page AS (
-    SELECT f.archive_id, f.received_at FROM found f
-     ORDER BY f.received_at DESC NULLS LAST, f.archive_id DESC
-     LIMIT $6::int OFFSET $7::int
-)
-SELECT t.total, p.archive_id, d.subject, d.sender, d.sent_at, d.received_at, 0::real AS score,
-       left(d.body, 200) AS body_head, NULL::text AS lexemes
-  FROM (SELECT count(*) AS total FROM found) t
-  LEFT JOIN page p ON true
-  LEFT JOIN mail_search_documents d ON d.tenant_slug = $1 AND d.archive_id = p.archive_id
- ORDER BY p.received_at DESC NULLS LAST, p.archive_id DESC;
+-- filters, newest first by $11 ('received': received date, else sent),
+-- undated last; counted up to $8 in the same statement (one snapshot). One
+-- row at least, as search_text. $9/$10: the received-date range. Planned
+-- per call, so a rare sender or mailbox is read through its own index
+-- (migration 0031).
+SELECT total, archive_id, subject, sender_display AS sender, sent_at, received_at, score,
+       body_head, lexemes
+  FROM nexarch_mail_search_all($1, $2, $3, $4, $5, $6::int, $7::int, $8::int, $9, $10, $11);
 
 -- name: ids_page
 SELECT archive_id FROM mail_search_documents

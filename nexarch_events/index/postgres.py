@@ -347,11 +347,10 @@ class PostgresIndex:
             else:
                 # The empty query has no relevance: newest sent first, or
                 # newest received first.
-                name = "search_all_received" if query.sort == "received" else "search_all"
                 rows = await self.db.fetch(
-                    _SQL[name], query.tenant_slug, sender, query.date_from,
+                    _SQL["search_all"], query.tenant_slug, sender, query.date_from,
                     query.date_to, query.mailbox, query.limit, query.offset, cap,
-                    query.received_from, query.received_to)
+                    query.received_from, query.received_to, query.sort)
         except DatabaseUnavailable as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
