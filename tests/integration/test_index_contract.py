@@ -151,6 +151,18 @@ async def test_words_are_anded_phrases_exclusion_or(backend: IndexBackend) -> No
     assert sorted(await ids(backend, "tart OR crust")) == [2, 4]
 
 
+async def test_an_exclusion_beside_words_no_message_has_finds_nothing(
+        backend: IndexBackend) -> None:
+    # "in" and "und" are stop words of Postgres' english and german
+    # configurations: the text search dropped them and kept "not otter",
+    # which matched every message without "otter" (found by an audit).
+    await backend.upsert([doc(1, body="zebrafinch report"), doc(2, body="otter report"),
+                          doc(3, body="badger report")])
+    for text in ("in -otter", "und -otter", "in OR -otter", '"in" -otter', "in und -otter"):
+        assert await ids(backend, text) == [], text
+    assert sorted(await ids(backend, "report -otter")) == [1, 3]
+
+
 async def test_subject_ranks_above_body(backend: IndexBackend) -> None:
     await backend.upsert([doc(1, subject="weekly", body="the heron was seen"),
                           doc(2, subject="heron sighting", body="nothing else"),

@@ -167,3 +167,19 @@ async def test_an_index_write_commits_without_waiting_for_its_wal_flush(db: Data
         # For that transaction only: the session keeps its own setting.
         assert await conn.fetchval("SHOW synchronous_commit") == "remote_apply"
         await conn.execute("RESET synchronous_commit")
+
+
+async def test_a_query_whose_words_postgres_drops_never_widens_to_everything(
+        index: PostgresIndex, db: Database) -> None:
+    """A word that leaves no lexeme in any configuration (stop words, a lone
+    combining mark) beside an exclusion: nothing, as the exclusion alone,
+    for search and for the erasure and hold queries that use it."""
+    from nexarch_events.lifecycle.matching import find_ids
+
+    await index.upsert([doc(1, body="zebrafinch report"), doc(2, body="otter report")])
+    for text in ("in -otter", "\u0301 -otter", "in OR -otter", "the -otter",
+                 "die der das -otter"):
+        assert await found(index, text) == [], text
+        assert await find_ids(index, "tenant-a", text) == set(), text
+    assert await found(index, "zebrafinch -otter") == [1]
+    assert await found(index, "in report -otter") == [1]  # the stop word alone drops
