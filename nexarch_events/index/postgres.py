@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ..aio import Database
 from ..db import sqlfiles
@@ -216,21 +216,58 @@ def mark_snippet(text: str, lexemes: str | None) -> str:
     if not stems:
         return text[:200]
     words = re.compile("|".join(
-        (rf"\w*{re.escape(stem)}\w*" if CONTINUOUS_RUN.fullmatch(stem)
-         else rf"\b{re.escape(stem)}\w*") for stem in stems), re.IGNORECASE)
-    first = words.search(text)
+        re.escape(stem) if CONTINUOUS_RUN.fullmatch(stem) else rf"\b{re.escape(stem)}"
+        for stem in stems), re.IGNORECASE)
+    first = next(_marked_words(words, text), None)
     if first is None:
         return text[:200]
-    start = max(0, first.start() - _SNIPPET_LEAD)
+    start = max(0, first[0] - _SNIPPET_LEAD)
     if start:
         space = text.find(" ", start)
-        start = space + 1 if 0 <= space < first.start() else first.start()
+        start = space + 1 if 0 <= space < first[0] else first[0]
     end = min(len(text), start + _SNIPPET_CHARS)
     if end < len(text):
-        space = text.rfind(" ", first.end(), end)
+        space = text.rfind(" ", first[1], end)
         end = space if space > 0 else end
-    window = words.sub(lambda m: HIGHLIGHT_START + m.group() + HIGHLIGHT_END, text[start:end])
-    return ("… " if start else "") + window + (" …" if end < len(text) else "")
+    window, done = text[start:end], 0
+    out: list[str] = []
+    for left, right in _marked_words(words, window):
+        out += (window[done:left], HIGHLIGHT_START, window[left:right], HIGHLIGHT_END)
+        done = right
+    out.append(window[done:])
+    return ("… " if start else "") + "".join(out) + (" …" if end < len(text) else "")
+
+
+_WORD_CHARS = re.compile(r"\w*")
+
+
+def _marked_words(words: re.Pattern[str], text: str) -> Iterator[tuple[int, int]]:
+    r"""Spans of the words to mark, left to right, without overlap: a word
+    from a stem (``words`` matches the stems alone) to the end of its run
+    of word characters and, for a CJK stem, from the start of that run.
+    The same spans as r"\bSTEM\w*" and r"\w*STEM\w*" but in linear time:
+    the leading \w* of the latter backtracked over every position of a
+    long run (a token, a hex dump, unpunctuated CJK), quadratically, per
+    stem and hit, in the event loop."""
+    reverse: str | None = None
+    pos = 0
+    while (found := words.search(text, pos)) is not None:
+        start = found.start()
+        if CONTINUOUS_RUN.fullmatch(found.group()):
+            # Back to the start of the run: the run read right to left.
+            if reverse is None:
+                reverse = text[::-1]
+            back = len(text) - start
+            start = max(pos, start - (_run_end(reverse, back) - back))
+        pos = _run_end(text, found.end())
+        yield start, pos
+
+
+def _run_end(text: str, pos: int) -> int:
+    """Where the run of word characters at ``pos`` ends (``pos`` if none)."""
+    run = _WORD_CHARS.match(text, pos)
+    assert run is not None  # \w* matches the empty string
+    return run.end()
 
 
 def _fence_arrays(fences: Sequence[WriteFence] | None, count: int
