@@ -120,7 +120,12 @@ class OAuthUnavailable(ImapUnavailable):
 
 
 class ImapCommandError(ImapError):
-    """The server answered NO or BAD to a command."""
+    """The server answered NO or BAD to a command. ``result``: which ("NO",
+    "BAD"; None where the client refused the command itself)."""
+
+    def __init__(self, message: str, *, result: str | None = None) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class ImapProtocolError(ImapError):

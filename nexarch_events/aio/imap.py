@@ -392,7 +392,7 @@ class ImapSession:
                 raise ImapThrottled(f"throttled: {message}",
                                     code=code.group(1).decode().upper() if code else "THROTTLED",
                                     wait=wait)
-            raise ImapCommandError(message)
+            raise ImapCommandError(message, result=result)
         # The last part is the tagged completion's text.
         return lines[:-1]
 

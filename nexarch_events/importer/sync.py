@@ -1,14 +1,16 @@
 """One sync run of one mailbox.
 
 EXAMINE (read-only) → decide the mode from UIDVALIDITY (``mail_import_begin``)
-→ retry recorded per-message failures → enumerate the real UIDs above the
+→ enumerate the real UIDs above the
 watermark with UID SEARCH (a sparse mailbox is never walked as a number range;
 ``n:*``'s habit of returning the last message is filtered) → probe sizes in
 chunks → fetch bodies with ``BODY.PEEK[]`` in batches bounded by count and
 bytes (memory stays flat however large the mailbox) → per message ONE
 transaction: archive (dedup by content hash), index job, location, advance,
 NOTIFY (``StateStore.import_message``); new messages two at a time on two
-connections, committed in UID order by Postgres (``pipeline.py``).
+connections, committed in UID order by Postgres (``pipeline.py``) → retry
+recorded per-message failures (after new mail, so that one the server
+cannot send never keeps newer mail out).
 
 Nothing a server says is taken on trust:
 
@@ -32,6 +34,10 @@ Nothing a server says is taken on trust:
   whose size count is simply wrong would otherwise never be archived). A
   substitute is never archived; after ``max_failure_attempts`` it waits for
   an operator (``mailbox failures --retry/--clear``).
+- A message the server cannot serve at all (it ends the connection at it
+  every time, or answers NO: Dovecot with a corrupt mail file, a recorded
+  failure expunged since): a per-message failure too, never a mailbox that
+  stops (``_Run._fetch``).
 - Throttling (``NO [UNAVAILABLE]``, ``[THROTTLED]``, ``[LIMIT]``,
   ``[INUSE]``): the same command is repeated in the same session after the
   server's suggested wait (capped by ``throttle_max_wait``), at most
@@ -61,6 +67,7 @@ from ..aio.imap import ImapSession, ReplyPart
 from ..errors import (
     ConfigurationError,
     DatabaseError,
+    ImapCommandError,
     ImapError,
     ImapThrottled,
     ImapUnavailable,
@@ -197,7 +204,8 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
     window = _Window(store, tenant, name, start.fetch_window, limits)
     run = _Run(store, config, session, limits, report, status.uidvalidity, window,
                spare if limits.in_flight > 1 else None)
-    await run.retry_failures()
+    # The failures recorded before this run (not those it records).
+    await run.load_failures()
     while True:
         seen = session.exists_seen
         await run.import_above(report.last_synced_uid)
@@ -206,6 +214,10 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
         # server will not announce it again, so fetch it now.
         if session.exists_seen == seen or report.passes >= limits.max_passes:
             break
+    # Recorded failures after new mail: a message the server cannot send
+    # may end the session when it is asked for again, and must not keep
+    # newer mail out.
+    await run.retry_failures()
     return report
 
 
@@ -288,15 +300,16 @@ class _Run:
                     **kwargs: P.kwargs) -> T:
         return await patiently(self.limits, self.report, fn, *args, **kwargs)
 
-    async def retry_failures(self) -> None:
+    async def load_failures(self) -> None:
         pending = await self.store.pending_failures(
             self.config.tenant_slug, self.config.name, self.uidvalidity,
             self.limits.max_failure_attempts)
-        if not pending:
-            return
         self.pending = {p.uid: p for p in pending}
-        uids = [p.uid for p in pending]
-        await self._import(uids, retry=True)
+
+    async def retry_failures(self) -> None:
+        """Fetch the failures ``load_failures`` found again."""
+        if self.pending:
+            await self._import(sorted(self.pending), retry=True)
 
     async def import_above(self, watermark: int) -> None:
         if watermark >= MAX_UID:
@@ -316,7 +329,7 @@ class _Run:
         i = 0
         while i < len(uids):
             chunk = uids[i:i + min(self.limits.probe_chunk, self.window.size)]
-            sizes = await self._probe(chunk)
+            sizes = await self._probe(chunk, retry=retry)
             limits = replace(self.limits,
                              batch_messages=min(self.limits.batch_messages, self.window.size))
             for batch in _batches(chunk, sizes, limits):
@@ -324,11 +337,26 @@ class _Run:
             i += len(chunk)
 
     async def _fetch(self, uids: Sequence[int], items: str,
-                     on_item: Callable[[FetchedItem], Awaitable[None]], *,
-                     limit: float | None = None) -> None:
+                     on_item: Callable[[FetchedItem], Awaitable[None]], *, retry: bool,
+                     limit: float | None = None) -> str | None:
         """One UID FETCH, each response parsed and handed to ``on_item`` as
         it completes. A reply cut mid-way shrinks the fetch window (persisted)
-        and fails the run with an error that says so; clean replies grow it."""
+        and fails the run with an error that says so; clean replies grow it.
+
+        A server that cannot serve one message fails that message, never the
+        mailbox (what does not arrive becomes a per-message failure):
+        - cut again while sending one message alone (the window shrank to it
+          after a cut at it), or a recorded failure: that message is
+          recorded (an attempt counted), and the run ends (the session is
+          gone);
+        - NO after some of the messages (Dovecot, a corrupt mail file): the
+          ones that arrived are kept, and the NO's text is returned for the
+          caller to record the rest with;
+        - NO with nothing: for several messages the window shrinks to one
+          and the run ends; for one new message it is recorded and the run
+          ends (a server that refuses everything for a while costs one
+          message per run, not the mailbox); for a recorded failure the
+          text is returned (an attempt is counted)."""
         received = 0
         wanted = set(uids)
 
@@ -346,16 +374,36 @@ class _Run:
             raise
         except ImapUnavailable as exc:
             await self._settle()
+            if len(uids) == 1 and received == 0 and (retry or self.window.size == 1):
+                await self._failed(uids[0], "the server ended the connection while sending "
+                                   f"this message, asked for alone ({exc})", retry=retry)
+                raise ImapUnavailable(f"{exc}; cut again at UID {uids[0]}, asked for alone: "
+                                      "recorded as failed") from None
             shrunk = await self.window.cut(received)
             raise ImapUnavailable(f"{exc}; the reply was cut after {received} of {len(uids)} "
                                   f"message(s): asking for {shrunk} per FETCH from now "
                                   "on") from None
+        except ImapCommandError as exc:
+            if exc.result != "NO":
+                raise
+            await self._settle()
+            if received == 0 and len(uids) > 1:
+                shrunk = await self.window.cut(0)
+                raise ImapCommandError(f"{exc}; none of {len(uids)} message(s) arrived: "
+                                       f"asking for {shrunk} per FETCH from now on",
+                                       result="NO") from None
+            if received == 0 and not retry:
+                await self._failed(uids[0], f"the server refused it ({exc})", retry=False)
+                raise ImapCommandError(f"{exc}; UID {uids[0]} recorded as failed",
+                                       result="NO") from None
+            return f"the server did not send it ({exc})"
         if self.window.size < self.window.full:
             # clean() may write the window on the run's connection.
             await self._settle()
         await self.window.clean()
+        return None
 
-    async def _probe(self, uids: Sequence[int]) -> dict[int, int]:
+    async def _probe(self, uids: Sequence[int], *, retry: bool) -> dict[int, int]:
         wanted = set(uids)
         sizes: dict[int, int] = {}
 
@@ -363,7 +411,9 @@ class _Run:
             if item.uid in wanted:
                 sizes[item.uid] = item.size or 0
 
-        await self._fetch(uids, _SIZES, on_item)
+        # A refusal after some sizes: the rest count as 0 here and fail when
+        # their bodies do not come either.
+        await self._fetch(uids, _SIZES, on_item, retry=retry)
         return sizes
 
     async def _fetch_and_store(self, uids: Sequence[int], *, retry: bool) -> None:
@@ -407,11 +457,12 @@ class _Run:
                 await settle_ready()
 
         async with self._in_flight(len(uids), retry=retry):
-            await self._fetch(uids, _BODIES, on_item, limit=self.limits.fetch_timeout)
+            refused = await self._fetch(uids, _BODIES, on_item, retry=retry,
+                                        limit=self.limits.fetch_timeout)
             for uid in uids[next_index:]:
                 got = arrived.pop(uid, None)
                 if got is None:
-                    await self._failed(uid, _problem(None) or "", retry=retry)
+                    await self._failed(uid, refused or _problem(None) or "", retry=retry)
                 else:
                     await self._store(uid, got, retry=retry)
 

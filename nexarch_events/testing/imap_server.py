@@ -126,6 +126,13 @@ class Faults:
     # (``* SEARCH 1 1 1 ...`` without CRLF, 64 KiB a write) until the client
     # closes the connection; ``endless_line_sent`` counts the bytes.
     endless_line_at: str | None = None
+    # Messages the server cannot read (Dovecot with a corrupt or missing mail
+    # file): a UID FETCH naming any of them answers every other message,
+    # then ``NO Some messages could not be FETCHed (Failure)``.
+    unreadable_uids: set[int] = field(default_factory=set)
+    # A UID FETCH whose set names no message answers ``NO No matching
+    # messages`` (RFC 3501 wants OK with no data; some servers say NO).
+    no_for_no_match: bool = False
     # Called with each command line as received (e.g. to deliver mail mid-sync).
     on_command: Callable[[str], None] | None = None
 
@@ -594,6 +601,11 @@ class ScriptedImapServer:
         positions = {id(m): seq for seq, m in enumerate(self.messages, start=1)}
         found = sorted((m for m in self.messages if m.uid in chosen), key=lambda m: m.uid,
                        reverse=self.faults.descending_fetch)
+        if not found and self.faults.no_for_no_match:
+            await connection.send(f"{tag} NO No matching messages")
+            return
+        unreadable = [m for m in found if m.uid in self.faults.unreadable_uids]
+        found = [m for m in found if m.uid not in self.faults.unreadable_uids]
         if body_item is not None and not body_item.group(0).startswith("BODY.PEEK"):
             self.flag_changes.append(connection.line)
             if not connection.read_only:
@@ -638,6 +650,9 @@ class ScriptedImapServer:
                 raise _Disconnect
             await connection.send(start + body + b")\r\n")
         await self._report_exists(connection)
+        if unreadable:
+            await connection.send(f"{tag} NO Some messages could not be FETCHed (Failure)")
+            return
         await connection.send(f"{tag} OK Fetch completed.")
 
     async def _report_exists(self, connection: _Connection) -> None:

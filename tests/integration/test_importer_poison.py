@@ -1,0 +1,132 @@
+"""One message a server cannot serve fails that message, never the mailbox.
+
+On the scripted server (nexarch_events/testing/imap_server.py), three ways
+a provider fails one message at the level of the whole command (found by an
+audit: before, each stopped the mailbox for good, with nothing recorded):
+- it ends the connection whenever it sends that message (a converter that
+  crashes on it): every run was cut at the same UID, and the fetch window
+  shrank to that one message;
+- Dovecot with a corrupt or missing mail file: every other message of the
+  FETCH, then ``NO Some messages could not be FETCHed``: the messages that
+  did arrive were dropped and the run failed;
+- a recorded failure whose message was expunged since, on a server that
+  answers NO to a FETCH that names no message: the retry failed every run
+  before the delta pass, and never counted an attempt.
+"""
+
+from __future__ import annotations
+
+import trio
+
+from nexarch_events.aio import Database
+from nexarch_events.errors import ImapError
+from nexarch_events.importer.state import StateStore
+from nexarch_events.testing import record_imports
+from tests.integration.test_importer_traps import (
+    NAME,
+    TENANT,
+    locations,
+    message,
+    messages,
+    state,
+    sync,
+)
+from tests.support.imap_script import Faults, ScriptedImapServer, open_scripted_imap
+
+
+async def runs(db: Database, server: ScriptedImapServer, count: int, **limits: int
+               ) -> list[str]:
+    """``count`` runs; the errors of those that failed."""
+    errors = []
+    for _ in range(count):
+        try:
+            with trio.fail_after(30):
+                await sync(db, server, **limits)
+        except ImapError as exc:
+            errors.append(str(exc))
+    return errors
+
+
+async def failures(db: Database) -> dict[int, tuple[int, str]]:
+    return {f["uid"]: (f["attempts"], f["last_error"])
+            for f in await StateStore(db).failures(TENANT, NAME)}
+
+
+async def test_a_message_whose_fetch_always_cuts_the_connection_fails_alone(
+        db: Database) -> None:
+    async with open_scripted_imap(messages(list(range(1, 11))),
+                                  faults=Faults(cut_mid_literal_uid=5)) as server:
+        errors = await runs(db, server, 3)
+        # Cut with 1-4 in (window 4), cut with none in (window 1), cut
+        # alone: UID 5 is recorded and the watermark passes it.
+        assert len(errors) == 3
+        assert (await state(db)).last_synced_uid == 5
+        recorded = await failures(db)
+        assert list(recorded) == [5]
+        assert "ended the connection" in recorded[5][1]
+        server.add_message(message(11))
+        errors = await runs(db, server, 1)
+        # New mail first; then the retry of 5 is cut again (one more attempt).
+        assert [uid for _, uid in await locations(db)] == [1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+        assert (await failures(db))[5][0] == 2 and len(errors) == 1
+        server.faults.cut_mid_literal_uid = None
+        async with record_imports(db.dsn) as rec:
+            assert await runs(db, server, 1) == []
+            recovered = await rec.wait_for(event="recovered", count=1)
+    assert [e.uid for e in recovered] == [5]
+    assert await failures(db) == {}
+    assert [uid for _, uid in await locations(db)] == list(range(1, 12))
+
+
+async def test_a_message_the_server_cannot_read_fails_alone(db: Database) -> None:
+    # The size probe and the body fetch both end in NO after the others.
+    async with open_scripted_imap(messages(list(range(1, 11))),
+                                  faults=Faults(unreadable_uids={5})) as server:
+        assert await runs(db, server, 1) == []
+        assert [uid for _, uid in await locations(db)] == [1, 2, 3, 4, 6, 7, 8, 9, 10]
+        assert (await state(db)).last_synced_uid == 10
+        attempts, error = (await failures(db))[5]
+        assert attempts == 1 and "could not be FETCHed" in error, error
+        server.add_message(message(11))
+        assert await runs(db, server, 1) == []  # the retry of 5 alone: refused again
+        assert (await failures(db))[5][0] == 2
+        assert [uid for _, uid in await locations(db)][-1] == 11
+        server.faults.unreadable_uids = set()
+        assert await runs(db, server, 1) == []
+    assert await failures(db) == {}
+    assert [uid for _, uid in await locations(db)] == list(range(1, 12))
+
+
+async def test_a_server_that_refuses_a_whole_fetch_costs_one_message_per_run(
+        db: Database) -> None:
+    # Every message unreadable: nothing arrives. The window shrinks to one,
+    # then each run records one message and ends: a server that refuses
+    # everything for a while does not turn the whole mailbox into failures.
+    async with open_scripted_imap(messages([1, 2, 3, 4]),
+                                  faults=Faults(unreadable_uids={1, 2, 3, 4})) as server:
+        errors = await runs(db, server, 3)
+        assert len(errors) == 3 and all("could not be FETCHed" in e for e in errors), errors
+        assert list(await failures(db)) == [1, 2]
+        server.faults.unreadable_uids = set()
+        assert await runs(db, server, 1) == []
+    assert await failures(db) == {}
+    assert [uid for _, uid in await locations(db)] == [1, 2, 3, 4]
+
+
+async def test_a_failure_whose_message_is_gone_does_not_block_new_mail(
+        db: Database) -> None:
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(empty_fetch_uids={2})) as server:
+        assert await runs(db, server, 1) == []
+        assert list(await failures(db)) == [2]
+        server.set_messages([m for m in server.messages if m.uid != 2], uidvalidity=1)
+        server.faults.empty_fetch_uids = set()
+        server.faults.no_for_no_match = True
+        server.add_message(message(4))
+        server.add_message(message(5))
+        assert await runs(db, server, 2) == []
+        assert [uid for _, uid in await locations(db)] == [1, 3, 4, 5]
+        # Each run counts an attempt, so the limit ends the retries.
+        assert (await failures(db))[2][0] == 3
+        assert await runs(db, server, 1, max_failure_attempts=3) == []
+        assert (await failures(db))[2][0] == 3
