@@ -14,7 +14,7 @@ import re
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 from ..aio.imap import DiscardedLiteral
 from ..errors import ImapProtocolError
@@ -29,7 +29,14 @@ _ITEM_UID = re.compile(rb"[( ]UID (\d+)", re.IGNORECASE)
 _ITEM_SIZE = re.compile(rb"[( ]RFC822\.SIZE (\d+)", re.IGNORECASE)
 _BODY_LITERAL = re.compile(rb"[( ]BODY\[\](?:<\d+>)? \{(\d+)\}$", re.IGNORECASE)
 _BODY_NIL = re.compile(rb"[( ]BODY\[\](?:<\d+>)? NIL", re.IGNORECASE)
-_BODY_QUOTED = re.compile(rb'[( ]BODY\[\](?:<\d+>)? ""', re.IGNORECASE)
+_BODY_QUOTED = re.compile(rb'[( ]BODY\[\](?:<\d+>)? "((?:[^"\\]|\\.)*)"', re.IGNORECASE)
+#: What may follow a literal inside a FETCH response: the response's end,
+#: or the next data item. Anything else means the literal was not as long
+#: as the server announced (e.g. it counted bare LF line ends, then sent
+#: CRLF), so the bytes taken for the message are not the message.
+_AFTER_LITERAL = re.compile(
+    rb"^(?:\)| (?:UID|RFC822\.SIZE|RFC822|INTERNALDATE|FLAGS|BODY|BINARY|MODSEQ|X-[A-Z0-9-]+)\b)",
+    re.IGNORECASE)
 _ITEM_INTERNALDATE = re.compile(
     rb'[( ]INTERNALDATE "\s?(\d{1,2})-([A-Za-z]{3})-(\d{4}) (\d{2}):(\d{2}):(\d{2}) '
     rb'([+-])(\d{2})(\d{2})"', re.IGNORECASE)
@@ -68,6 +75,11 @@ class FetchedItem:
     #: The body was larger than the client holds (``DiscardedLiteral``:
     #: its size and the limit); ``body`` is None then.
     discarded: DiscardedLiteral | None = None
+    #: The response carries a BODY[] item (a literal, a quoted string or
+    #: NIL). Without one it is no answer to a body fetch: a flag update
+    #: that names its UID (usual during UID commands, mandatory with
+    #: CONDSTORE) must not stand for the message.
+    body_item: bool = False
 
     @property
     def flags_only(self) -> bool:
@@ -91,7 +103,8 @@ def parse_examine(lines: Iterable[bytes | bytearray]) -> MailboxStatus:
         elif m := _UIDNEXT.search(line):
             uidnext = _nz(int(m.group(1)))
         elif m := _EXISTS.match(line):
-            exists = int(m.group(1))
+            # A count above 2^32-1 is no count (Postgres could not take it).
+            exists = int(m.group(1)) if int(m.group(1)) <= MAX_UID else None
     return MailboxStatus(uidvalidity, uidnext, exists,
                          uidvalidity_raw=raw if uidvalidity is None else None)
 
@@ -132,6 +145,7 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
         text = bytes(part)
         body: bytes | None = None
         discarded: DiscardedLiteral | None = None
+        body_item = False
         i += 1
         # A response continues over literals and the line after each until
         # its closing parenthesis. Literals are replaced by a placeholder, so
@@ -140,24 +154,34 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
             if i >= n or not isinstance(parts[i], bytearray):
                 raise ImapProtocolError(f"FETCH response for message {seq} announces a "
                                         "literal that never came")
-            if _BODY_LITERAL.search(text.rstrip()):
+            is_body = _BODY_LITERAL.search(text.rstrip()) is not None
+            if is_body:
                 literal = parts[i]
+                body_item = True
                 if isinstance(literal, DiscardedLiteral):
                     discarded = literal
                 else:
                     body = bytes(literal)
+            size = len(parts[i])
             text += b" <literal>"
             i += 1
             following = parts[i] if i < n else None
+            if is_body and not (isinstance(following, bytes)
+                                and _AFTER_LITERAL.match(following)):
+                raise ImapProtocolError(
+                    f"FETCH response for message {seq}: the reply goes on past its "
+                    f"{size}-byte literal ({bytes(following or b'')[:20]!r}...): the server "
+                    "announced a wrong length, so the bytes received are not the message")
             if isinstance(following, bytes) and not _FETCH_START.match(following):
                 text += following
                 i += 1
             else:
                 break
         if _BODY_NIL.search(text):
-            body = None
-        elif _BODY_QUOTED.search(text):
-            body = b""
+            body, body_item = None, True
+        elif quoted := _BODY_QUOTED.search(text):
+            # An nstring may be a quoted string: "" or a short message.
+            body, body_item = re.sub(rb"\\(.)", rb"\1", quoted.group(1)), True
         uid_m = _ITEM_UID.search(text)
         size_m = _ITEM_SIZE.search(text)
         items.append(FetchedItem(
@@ -166,7 +190,8 @@ def parse_fetch(parts: Sequence[bytes | bytearray]) -> list[FetchedItem]:
             size=int(size_m.group(1)) if size_m else None,
             body=body,
             internaldate=_internaldate(text),
-            discarded=discarded))
+            discarded=discarded,
+            body_item=body_item))
     return items
 
 
@@ -181,10 +206,13 @@ def _internaldate(text: bytes) -> datetime | None:
         return None
     offset = timedelta(hours=int(oh), minutes=int(om)) * (1 if sign == b"+" else -1)
     try:
-        return datetime(int(year), number, int(day), int(hh), int(mm), int(ss),
+        when = datetime(int(year), number, int(day), int(hh), int(mm), int(ss),
                         tzinfo=timezone(offset))
-    except ValueError:
+        # Stored in UTC: 31-Dec-9999 -2359 or 01-Jan-0001 +0100 has none.
+        when.astimezone(UTC)
+    except (ValueError, OverflowError):
         return None
+    return when
 
 
 def is_substitute(body: bytes) -> bool:

@@ -69,6 +69,7 @@ from ..errors import (
     DatabaseError,
     ImapCommandError,
     ImapError,
+    ImapProtocolError,
     ImapThrottled,
     ImapUnavailable,
     NexarchError,
@@ -364,7 +365,8 @@ class _Run:
             nonlocal received
             for item in parse_fetch(parts):
                 # Responses to the request only: not unsolicited flag updates.
-                received += item.uid in wanted
+                received += item.uid in wanted and (
+                    item.size is not None or item.body_item or item.discarded is not None)
                 await on_item(item)
 
         try:
@@ -372,7 +374,10 @@ class _Run:
                              limit=limit)
         except ImapThrottled:
             raise
-        except ImapUnavailable as exc:
+        except (ImapUnavailable, ImapProtocolError) as exc:
+            # A reply that breaks the protocol (a literal longer than the
+            # server said) ends the session like a cut: what came before it
+            # is kept, the rest is asked for again in smaller windows.
             await self._settle()
             if len(uids) == 1 and received == 0 and (retry or self.window.size == 1):
                 await self._failed(uids[0], "the server ended the connection while sending "
@@ -408,8 +413,8 @@ class _Run:
         sizes: dict[int, int] = {}
 
         async def on_item(item: FetchedItem) -> None:
-            if item.uid in wanted:
-                sizes[item.uid] = item.size or 0
+            if item.uid in wanted and item.size is not None:
+                sizes[item.uid] = item.size
 
         # A refusal after some sizes: the rest count as 0 here and fail when
         # their bodies do not come either.
@@ -437,7 +442,8 @@ class _Run:
                 settled.add(uid)
 
         async def on_item(item: FetchedItem) -> None:
-            if item.flags_only:
+            if item.flags_only or not (item.body_item or item.discarded):
+                # A flag update, with or without its UID: no answer to ours.
                 return
             if item.uid is None or item.uid == 0:
                 await self._untrusted(item)

@@ -133,6 +133,19 @@ class Faults:
     # A UID FETCH whose set names no message answers ``NO No matching
     # messages`` (RFC 3501 wants OK with no data; some servers say NO).
     no_for_no_match: bool = False
+    # BODY[] literals of these UIDs announce (and RFC822.SIZE says) their
+    # length with bare LF line ends, but the message goes out with CRLF: a
+    # server that counts what it stores, not what it sends.
+    lf_counted_uids: set[int] = field(default_factory=set)
+    # Before each message's response to a body fetch: a flag update that
+    # names its UID (``* n FETCH (UID u FLAGS (\Seen))``), as servers send
+    # during UID commands and must with CONDSTORE.
+    flag_update_with_uid: bool = False
+    # BODY[] of these UIDs is sent as a quoted string (legal for an
+    # nstring; the body must have no CR, LF or NUL).
+    quoted_body_uids: set[int] = field(default_factory=set)
+    # EXAMINE reports this many messages instead of the real count.
+    exists_override: int | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
     on_command: Callable[[str], None] | None = None
 
@@ -556,7 +569,7 @@ class ScriptedImapServer:
         permanent = "()" if connection.read_only else f"({_SYSTEM_FLAGS} \\*)"
         lines = [f"* FLAGS ({_SYSTEM_FLAGS})",
                  f"* OK [PERMANENTFLAGS {permanent}] Flags permitted.",
-                 f"* {len(self.messages)} EXISTS",
+                 f"* {self.faults.exists_override or len(self.messages)} EXISTS",
                  "* 0 RECENT"]
         if self.faults.uidvalidity is not None:
             lines.append(f"* OK [UIDVALIDITY {self.faults.uidvalidity}] UIDs valid")
@@ -626,11 +639,17 @@ class ScriptedImapServer:
                 await connection.send("* BYE Bandwidth limit exceeded, closing.")
                 raise _Disconnect
             responses += 1
+            if body_item is not None and self.faults.flag_update_with_uid:
+                await connection.send(f"* {positions[id(message)]} FETCH (UID {message.uid} "
+                                      "FLAGS (\\Seen))")
             parts = [f"UID {self.faults.report_uid.get(message.uid, message.uid)}"]
             if _FLAGS_ITEM.search(items):
                 parts.append(f"FLAGS ({' '.join(sorted(message.flags))})")
             if "RFC822.SIZE" in items:
-                parts.append(f"RFC822.SIZE {message.reported_size}")
+                size = message.reported_size
+                if message.uid in self.faults.lf_counted_uids and message.body is not None:
+                    size = len(message.body.replace(b"\r\n", b"\n"))
+                parts.append(f"RFC822.SIZE {size}")
             if "INTERNALDATE" in items:
                 parts.append(f'INTERNALDATE "{message.internaldate}"')
             head = f"* {positions[id(message)]} FETCH ({' '.join(parts)}"
@@ -644,7 +663,14 @@ class ScriptedImapServer:
             body = message.body
             if message.uid in self.faults.substitute_uids:
                 body = substitute_body(message.uid)
-            start = f"{head} {name} {{{len(body)}}}\r\n".encode()
+            if message.uid in self.faults.quoted_body_uids:
+                quoted = body.decode().replace("\\", "\\\\").replace('"', '\\"')
+                await connection.send(f'{head} {name} "{quoted}")')
+                continue
+            announced = len(body)
+            if message.uid in self.faults.lf_counted_uids:
+                announced = len(body.replace(b"\r\n", b"\n"))
+            start = f"{head} {name} {{{announced}}}\r\n".encode()
             if message.uid == self.faults.cut_mid_literal_uid:
                 await connection.send(start + body[: len(body) // 2])
                 raise _Disconnect

@@ -31,7 +31,12 @@ from tests.integration.test_importer_traps import (
     state,
     sync,
 )
-from tests.support.imap_script import Faults, ScriptedImapServer, open_scripted_imap
+from tests.support.imap_script import (
+    Faults,
+    ScriptedImapServer,
+    ScriptedMessage,
+    open_scripted_imap,
+)
 
 
 async def runs(db: Database, server: ScriptedImapServer, count: int, **limits: int
@@ -130,3 +135,58 @@ async def test_a_failure_whose_message_is_gone_does_not_block_new_mail(
         assert (await failures(db))[2][0] == 3
         assert await runs(db, server, 1, max_failure_attempts=3) == []
         assert (await failures(db))[2][0] == 3
+
+
+# -- what a server says that cannot be stored, or is not what it seems -------
+
+async def test_values_postgres_cannot_take_are_no_reason_to_stop(db: Database) -> None:
+    # An EXISTS above 2^32-1, INTERNALDATEs that have no UTC time (years
+    # 1-9999 only): each failed every run with DatabaseRejected before.
+    msgs = messages([1, 2, 3, 4])
+    msgs[1].internaldate = "31-Dec-9999 23:59:59 -2359"
+    msgs[2].internaldate = "01-Jan-0001 00:00:00 +0100"
+    async with open_scripted_imap(
+            msgs, faults=Faults(exists_override=99999999999999999999)) as server:
+        assert await runs(db, server, 1) == []
+    assert [uid for _, uid in await locations(db)] == [1, 2, 3, 4]
+    dates = await db.fetch("SELECT uid, internaldate FROM mail_archive_locations ORDER BY uid")
+    assert [r["internaldate"] is None for r in dates] == [False, True, True, False]
+
+
+async def test_a_literal_longer_than_announced_is_never_archived_cut_short(
+        db: Database) -> None:
+    # The server counts bare LF line ends in {n} and RFC822.SIZE, then sends
+    # CRLF: the first n bytes were archived as the message, without a word.
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(lf_counted_uids={2})) as server:
+        errors = await runs(db, server, 3)
+        assert errors and all("announced a wrong length" in e for e in errors), errors
+        assert [uid for _, uid in await locations(db)] == [1, 3]
+        recorded = await failures(db)
+        assert list(recorded) == [2] and "wrong length" in recorded[2][1]
+        raws = [bytes(r["raw"]) for r in await db.fetch("SELECT raw FROM mail_archive")]
+        assert sorted(raws) == sorted([message(1), message(3)])
+        server.faults.lf_counted_uids = set()
+        assert await runs(db, server, 1) == []
+    assert await failures(db) == {}
+    assert [uid for _, uid in await locations(db)] == [1, 2, 3]
+
+
+async def test_a_flag_update_naming_its_uid_does_not_stand_for_the_message(
+        db: Database) -> None:
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(flag_update_with_uid=True)) as server:
+        report = await sync(db, server)
+    assert [uid for _, uid in await locations(db)] == [1, 2, 3]
+    assert await failures(db) == {}
+    assert report.warnings == [], report.warnings  # type: ignore[attr-defined]
+
+
+async def test_a_body_sent_as_a_quoted_string_is_archived(db: Database) -> None:
+    body = b'Subject: tiny "quoted" \\ body'
+    async with open_scripted_imap([*messages([1]), ScriptedMessage(2, body)],
+                                  faults=Faults(quoted_body_uids={2})) as server:
+        assert await runs(db, server, 1) == []
+    assert await failures(db) == {}
+    raws = {bytes(r["raw"]) for r in await db.fetch("SELECT raw FROM mail_archive")}
+    assert body in raws

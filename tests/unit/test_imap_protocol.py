@@ -110,3 +110,44 @@ def test_the_framing_holds_every_message_the_archive_takes() -> None:
     from nexarch_events.mail.archive import MAX_MESSAGE_BYTES
 
     assert MAX_LITERAL_BYTES == MAX_MESSAGE_BYTES
+
+
+def test_examine_takes_no_exists_above_the_uid_range() -> None:
+    assert parse_examine([b"99999999999999999999 EXISTS"]).exists is None
+    assert parse_examine([b"4294967295 EXISTS"]).exists == 4294967295
+
+
+@pytest.mark.parametrize(("date", "stored"), [
+    (b"31-Dec-9999 23:59:59 -2359", False), (b"01-Jan-0001 00:00:00 +0100", False),
+    (b"31-Dec-9999 23:59:59 +0000", True), (b"01-Jan-0001 00:00:00 -0100", True)])
+def test_an_internaldate_without_a_utc_time_is_none(date: bytes, stored: bool) -> None:
+    item = parse_fetch([b'1 FETCH (UID 1 INTERNALDATE "' + date + b'")'])[0]
+    assert (item.internaldate is not None) == stored
+
+
+@pytest.mark.parametrize("after", [b"ature)", b"xyz UID 7)", b" hello world)", b""])
+def test_a_reply_that_goes_on_past_its_literal_is_refused(after: bytes) -> None:
+    with pytest.raises(ImapProtocolError, match="wrong length"):
+        parse_fetch([b"1 FETCH (UID 1 BODY[] {5}", bytearray(b"Subje"), after])
+
+
+@pytest.mark.parametrize("after", [b")", b" UID 7)", b" FLAGS (\\Seen))", b" rfc822.size 5)"])
+def test_what_may_follow_a_literal(after: bytes) -> None:
+    assert parse_fetch([b"1 FETCH (BODY[] {5}", bytearray(b"Subje"), after])[0].body == b"Subje"
+
+
+def test_a_quoted_body_is_a_body_and_a_flag_update_is_none() -> None:
+    quoted, flags, nil = parse_fetch([b'1 FETCH (UID 4 BODY[] "Subject: \\"a\\" \\\\ b")',
+                                      b"2 FETCH (UID 5 FLAGS (\\Seen))",
+                                      b"3 FETCH (UID 6 BODY[] NIL)"])
+    assert (quoted.body, quoted.body_item) == (b'Subject: "a" \\ b', True)
+    assert (flags.body, flags.body_item) == (None, False)
+    assert (nil.body, nil.body_item) == (None, True)
+
+
+def test_other_literals_are_followed_by_what_their_item_holds() -> None:
+    # A label with non-ASCII as a literal (Gmail): only BODY[]'s length is
+    # checked by what follows.
+    item = parse_fetch([b"1 FETCH (UID 3 X-GM-LABELS ({4}", bytearray(b"Caf\xc3"),
+                        b' "Inbox") BODY[] NIL)'])[0]
+    assert (item.uid, item.body_item) == (3, True)
