@@ -114,8 +114,17 @@ SELECT id FROM mail_legal_holds
  ORDER BY id LIMIT 1;
 
 -- name: archived_of
--- Which of the ids $2 are archived messages of tenant $1.
-SELECT id FROM mail_archive WHERE tenant_slug = $1 AND id = ANY($2::bigint[]);
+-- Which of the ids $2 are archived messages of tenant $1, locked for the
+-- erasure that asks (in id order: two erasures never deadlock). The lock
+-- waits for an import in flight that adds a location to one of them (its
+-- insert locks the row KEY SHARE), so the hold check that follows sees a
+-- location in a held mailbox, and an import that comes later waits for the
+-- erasure and archives the message anew. Without it a message was erased
+-- with the location in a held mailbox it had just gained
+-- (tests/integration/test_lifecycle_races.py).
+SELECT id FROM mail_archive WHERE tenant_slug = $1 AND id = ANY($2::bigint[])
+ ORDER BY id
+   FOR UPDATE;
 
 -- name: erased_of
 -- Which of the ids $2 of tenant $1 were erased before.

@@ -1,0 +1,108 @@
+"""An import that adds a location in a held mailbox races an erasure or a
+retention batch of the same message: on real Postgres, with the importer's
+own statement (mail_archive_store) in a transaction of its own.
+
+Found by an audit: the erasure checked the holds on what was committed,
+then its DELETE waited for the import, and deleted the message with its
+new location in the held mailbox (the location's insert locks the message
+row only KEY SHARE, which that read does not see). Now the erasure locks
+its messages first (archived_of, FOR UPDATE): it waits for the import and
+then sees the location; an import that comes after the lock waits for the
+erasure and archives the message anew."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import trio
+
+from nexarch_events.aio import Connection, Database
+from nexarch_events.index.postgres import PostgresIndex
+from nexarch_events.lifecycle.erasure import Eraser, HeldByLegalHold
+from nexarch_events.lifecycle.holds import Holds
+from nexarch_events.lifecycle.retention import Retention, RetentionPolicy
+from nexarch_events.mail.archive import Archive, Location
+from nexarch_events.settings import RetentionSettings
+
+RAW = (b"From: a@example.org\r\nTo: b@example.org\r\nSubject: x\r\n"
+       b"Date: Mon, 01 Jan 2001 10:00:00 +0000\r\nMessage-ID: <race@x>\r\n\r\nbody\r\n")
+STORE = "SELECT * FROM mail_archive_store('acme', $1, $2, $3, 'Held', 9, 42)"
+
+
+async def waiting_for_a_lock(db: Database) -> None:
+    """Until some session of this database waits for a row or transaction lock."""
+    with trio.fail_after(30):
+        while not await db.fetchval(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND locktype IN ('transactionid', 'tuple')"
+                " AND database IS DISTINCT FROM 0"):
+            await trio.sleep(0.02)
+
+
+@pytest.mark.parametrize("how", ["erase", "retention"])
+async def test_a_location_in_a_held_mailbox_added_during_an_erasure_keeps_the_message(
+        db: Database, how: str) -> None:
+    backend = PostgresIndex(db)
+    stored = await Archive(db).store("acme", RAW, Location("Unheld", 1, 1))
+    hold = await Holds(db, backend).add("acme", "mailbox", mailbox="Held", reason="case 1",
+                                        actor="legal")
+    row = await db.fetchrow("SELECT sha256, size_bytes, raw FROM mail_archive WHERE id = $1",
+                            stored.archive_id)
+    result: dict[str, object] = {}
+
+    async def erase() -> None:
+        if how == "erase":
+            # An erasure by id refuses held mail (a retention pass skips it).
+            with pytest.raises(HeldByLegalHold) as refused:
+                await Eraser(db, backend).erase("acme", [stored.archive_id], actor="op")
+            result["skipped"] = set(refused.value.held)
+        else:
+            done = await Retention(db, backend, RetentionSettings()).pass_tenant(
+                RetentionPolicy("acme", 30, "database"), datetime.now(UTC) + timedelta(days=1))
+            result["skipped"] = set(done.skipped_held)
+
+    importer = await Connection.open(db.dsn)
+    try:
+        async with trio.open_nursery() as nursery:
+            async with importer.transaction():
+                imported = await importer.fetchrow(STORE, row["sha256"], row["size_bytes"],
+                                                   row["raw"])
+                assert (imported["archive_id"], imported["location_added"]) == (
+                    stored.archive_id, True)
+                nursery.start_soon(erase)
+                await waiting_for_a_lock(db)  # the erasure, behind the import
+    finally:
+        await importer.aclose()
+    assert result["skipped"] == {stored.archive_id}
+    assert await db.fetchval("SELECT count(*) FROM mail_archive_locations"
+                             " WHERE archive_id = $1", stored.archive_id) == 2
+    assert hold.active
+
+
+async def test_an_import_behind_an_erasure_archives_the_message_anew(db: Database) -> None:
+    stored = await Archive(db).store("acme", RAW, Location("Unheld", 1, 1))
+    row = await db.fetchrow("SELECT sha256, size_bytes, raw FROM mail_archive WHERE id = $1",
+                            stored.archive_id)
+    imported: dict[str, object] = {}
+
+    async def store() -> None:
+        imported.update(await db.fetchrow(STORE, row["sha256"], row["size_bytes"], row["raw"]))
+
+    eraser = await Connection.open(db.dsn)
+    try:
+        async with trio.open_nursery() as nursery:
+            async with eraser.transaction():
+                # What an erasure does first (lifecycle.sql, archived_of), then its delete.
+                assert await eraser.fetchval(
+                    "SELECT id FROM mail_archive WHERE tenant_slug = 'acme'"
+                    " AND id = ANY($1::bigint[]) FOR UPDATE", [stored.archive_id])
+                await eraser.execute("DELETE FROM mail_archive WHERE id = $1",
+                                     stored.archive_id)
+                nursery.start_soon(store)
+                await waiting_for_a_lock(db)
+    finally:
+        await eraser.aclose()
+    # Not a foreign-key error: the message is archived again, with its location.
+    assert imported["created"] is True and imported["archive_id"] != stored.archive_id
+    assert await db.fetchval("SELECT mailbox FROM mail_archive_locations") == "Held"
