@@ -329,10 +329,11 @@ def cmd_retention_run(args: argparse.Namespace, settings: Settings, url: str) ->
         return EXIT_FAILED
     for r in results:
         print(f"{r.tenant_slug}: {len(r.erased)} message(s) erased (received before "
-              f"{r.cutoff:%Y-%m-%d %H:%M}), {len(r.skipped_held)} held (audit #{r.audit_id})")
+              f"{r.cutoff:%Y-%m-%d %H:%M}), {len(r.skipped_held)} held (audit #{r.audit_id})"
+              + (f"; stopped: {r.error}" if r.error else ""))
     if not results:
         print("no tenant has a retention policy")
-    return EXIT_OK
+    return EXIT_FAILED if any(r.error for r in results) else EXIT_OK
 
 
 def register(sub: Subparsers) -> None:

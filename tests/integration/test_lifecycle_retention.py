@@ -5,6 +5,7 @@ leaves the index through the delete jobs; every pass is audited."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -151,6 +152,51 @@ async def test_a_tenant_hold_stops_retention_and_the_file_sets_days(env: Env) ->
     assert [(p.days, p.source) for p in await policies(env.db, settings)] == [(10, "database")]
     await set_policy(env.db, "acme", None, actor="ops")
     assert [(p.days, p.source) for p in await policies(env.db, settings)] == [(365, "config")]
+
+
+async def test_a_query_hold_too_broad_to_evaluate_stops_only_its_tenant(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found by an audit: TooManyMatches from one tenant's query hold ended
+    the whole pass (no other tenant's mail expired, the audit row stayed
+    open) and, in the service, the retention task and with it the process.
+    Scaled down: a query may act on more than 4 matches here (101,000 in
+    production)."""
+    from nexarch_events.lifecycle import matching
+    from nexarch_events.lifecycle.retention import RetentionTask
+
+    monkeypatch.setattr(matching, "MAX_LIMIT", 2)
+    monkeypatch.setattr(matching, "MAX_OFFSET", 2)
+    old = "Mon, 01 Jan 2001 00:00:00 +0000"
+    archive = Archive(env.db)
+    await archive.store("acme", mail("budget-1 budget", old))
+    zeta = [(await archive.store("zeta", mail(f"other-{n}", old))).archive_id
+            for n in range(3)]
+    await env.settle()
+    await Holds(env.db, env.backend).add("acme", "query", query="budget", reason="case",
+                                         actor="legal")
+    for n in range(2, 8):  # the query finds more since the hold was added
+        await archive.store("acme", mail(f"budget-{n} budget", old))
+    await env.settle()
+    retention = Retention(env.db, env.backend,
+                          RetentionSettings(days=(("acme", 30), ("zeta", 30))))
+    results = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC)) or []
+    by_tenant = {r.tenant_slug: r for r in results}
+    assert by_tenant["zeta"].error is None and sorted(by_tenant["zeta"].erased) == zeta
+    assert by_tenant["acme"].erased == ()
+    assert by_tenant["acme"].error is not None and "budget" in by_tenant["acme"].error
+    assert len(await archive.ids("acme")) == 7
+    row = await env.db.fetchrow("SELECT count, target FROM mail_audit_log WHERE id = $1",
+                                by_tenant["acme"].audit_id)
+    assert row["count"] == 0 and "budget" in json.loads(row["target"])["error"]
+    # The service's task lives on, pass after pass.
+    task = RetentionTask(Retention(env.db, env.backend, RetentionSettings(
+        interval=0.05, days=(("acme", 30),))))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(task.run)
+        with trio.fail_after(30):
+            while task.passes < 2:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
 
 
 async def test_one_pass_at_a_time(env: Env) -> None:
