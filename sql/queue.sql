@@ -186,7 +186,7 @@ WITH target AS (
 moved AS (
     UPDATE mail_index_jobs j
        SET status = 'pending', attempts = 0, available_at = now(),
-           finished_at = NULL, updated_at = now()
+           finished_at = NULL, updated_at = now(), requeued_at = now()
       FROM target t
      WHERE j.id = t.id
        AND NOT t.superseded
@@ -327,12 +327,20 @@ gone AS (
     DELETE FROM mail_index_jobs j
      USING doomed d
      WHERE j.id = d.id
- RETURNING j.id
+ RETURNING j.id, j.finished_at
 ),
 -- Data-modifying CTEs run whether or not they are referenced.
 mark AS (
-    UPDATE mail_index_jobs_pruned
-       SET max_id = GREATEST(max_id, (SELECT max(id) FROM gone))
+    UPDATE mail_index_jobs_pruned p
+       SET max_id = GREATEST(p.max_id, (SELECT max(id) FROM gone)),
+           (max_finished_at, max_finished_id) = (
+               SELECT g.finished_at, g.id FROM (
+                   (SELECT p.max_finished_at AS finished_at, p.max_finished_id AS id
+                     WHERE p.max_finished_at IS NOT NULL)
+                   UNION ALL
+                   (SELECT finished_at, id FROM gone)) g
+                ORDER BY g.finished_at DESC, g.id DESC
+                LIMIT 1)
      WHERE EXISTS (SELECT 1 FROM gone)
 )
 SELECT count(*) AS n FROM gone;
@@ -372,13 +380,22 @@ SET statement_timeout = 0;
 -- instead of queueing behind them.
 VACUUM (SKIP_LOCKED) mail_index_jobs;
 
--- name: cursor_pruned
--- Was job $1 deleted by retention? It is not in the table, and an id at least
--- that high was pruned (ids that never finished were never pruned, and an
--- id above every pruned one was never a job that retention removed).
-SELECT NOT EXISTS (SELECT 1 FROM mail_index_jobs WHERE id = $1::bigint)
-       AND $1::bigint > 0
-       AND $1::bigint <= (SELECT max_id FROM mail_index_jobs_pruned) AS pruned;
+-- name: cursor_lost
+-- Why an event stream cannot replay after job $1, or NULL if it can:
+-- 'pruned': the job is gone and an id at least that high was pruned (ids
+-- that never finished were never pruned); 'requeued': it was re-queued
+-- after it finished, so where it finished then is not known any more;
+-- 'later_pruned': a job that finished after it was pruned (migration 0033).
+SELECT CASE
+         WHEN j.id IS NULL THEN
+           CASE WHEN $1::bigint > 0 AND $1::bigint <= p.max_id THEN 'pruned' END
+         WHEN j.requeued_at IS NOT NULL THEN 'requeued'
+         WHEN j.finished_at IS NOT NULL AND p.max_finished_at IS NOT NULL
+              AND (p.max_finished_at, p.max_finished_id) > (j.finished_at, j.id)
+           THEN 'later_pruned'
+       END AS lost
+  FROM mail_index_jobs_pruned p
+  LEFT JOIN mail_index_jobs j ON j.id = $1::bigint;
 
 -- name: ping
 -- Readiness probe of the HTTP API (GET /readyz): one round trip.

@@ -85,6 +85,15 @@ SETTLE_S = 0.02
 #: is announced for those that come within this many seconds.
 RESYNC_QUIET_S = 1.0
 
+#: Why a resume cannot replay (queue.sql, "cursor_lost"), as the client reads it.
+_LOST = {
+    "pruned": "the job this stream resumed after was pruned (queue.retain_*)",
+    "requeued": "the job this stream resumed after was re-queued since, so its first "
+                "finish is not known any more",
+    "later_pruned": "jobs that finished after the one this stream resumed after were "
+                    "pruned (queue.retain_*)",
+}
+
 _MAX_ID = 2**63 - 1
 # [0-9], not \d: \d also matches other scripts' digits, which int() reads.
 _WATERMARK = re.compile(r"([0-9]{1,19})\.([0-9]{1,19})")
@@ -245,16 +254,17 @@ class EventStream:
 
     async def _replay(self) -> None:
         """What happened after the watermark, from the tables."""
-        if self.resume is not None and await self.queue.cursor_pruned(self._mark.job_id):
-            # Retention deleted the job this stream resumes after: what
-            # finished after it cannot be told apart any more.
+        lost = None if self.resume is None else await self.queue.cursor_lost(
+            self._mark.job_id)
+        if lost is not None:
+            # Where the job this stream resumes after stood in finish order
+            # cannot be told any more: say so rather than skip.
             newest = await self._newest()
             self._mark = Watermark(max(self._mark.archive_id, newest.archive_id),
                                    newest.job_id or self._mark.job_id)
             await self._emit("resync", {
                 "v": 1, "event": "resync", "replayed": True,
-                "reason": "the job this stream resumed after was pruned (queue.retain_*): "
-                          "reload the state (/queue, /mailboxes)"})
+                "reason": f"{_LOST[lost]}: reload the state (/queue, /mailboxes)"})
             return
         archived = await archived_after(self.db, self._mark.archive_id, tenant_slug=self.tenant,
                                         limit=MAX_REPLAY + 1)

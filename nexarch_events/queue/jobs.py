@@ -210,10 +210,13 @@ class Queue:
         await conn.execute(_SQL["vacuum_session"])
         await conn.execute(_SQL["vacuum"])
 
-    async def cursor_pruned(self, job_id: int) -> bool:
-        """True if job ``job_id`` was deleted by retention (an event stream
-        resuming after it cannot know what it missed)."""
-        return bool(await self.db.fetchval(_SQL["cursor_pruned"], int(job_id)))
+    async def cursor_lost(self, job_id: int) -> str | None:
+        """Why an event stream resuming after job ``job_id`` cannot know what
+        it missed ("pruned": the job was deleted by retention; "requeued":
+        it was re-queued since it finished; "later_pruned": a job that
+        finished after it was), or None if it can."""
+        lost = await self.db.fetchval(_SQL["cursor_lost"], int(job_id))
+        return None if lost is None else str(lost)
 
     # -- operators -------------------------------------------------------------
 

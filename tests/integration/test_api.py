@@ -1037,6 +1037,24 @@ async def test_events_resume_replays_what_was_missed_exactly_once(env: Env) -> N
         assert await events.quiet(0.5) == []
 
 
+async def retry_until_failed_again(env: Env, job_id: int) -> None:
+    assert (await env.client.post(f"/jobs/{job_id}/retry", env.tokens.acme)).status_code == 200
+    with trio.fail_after(30):
+        while (await env.queue.status(job_id)).status != JobStatus.FAILED:
+            await trio.sleep(0.02)
+
+
+async def cursor_at_a_failed_job(env: Env) -> tuple[int, str]:
+    """A failed job of acme, and the stream's id after its event."""
+    async with open_events(env, env.tokens.acme) as events:
+        await events.next()
+        failed = await env.failed_job("acme")
+        seen = await events.until(lambda e: e.event == "failed" and failed in e.data["ids"])
+    last_id = seen[-1].id
+    assert last_id is not None and last_id.endswith(f".{failed}")
+    return failed, last_id
+
+
 async def test_events_resume_replays_a_retry_that_finished_after_higher_ids(env: Env) -> None:
     """The job part of the id is a finish-order cursor: a retried job with a
     low id that fails again while the client is away is still replayed."""
@@ -1050,10 +1068,7 @@ async def test_events_resume_replays_a_retry_that_finished_after_higher_ids(env:
         last_id = seen[-1].id
         assert last_id is not None and last_id.endswith(f".{stored.job_id}")
     assert stored.job_id is not None and retried < stored.job_id
-    assert (await env.client.post(f"/jobs/{retried}/retry", env.tokens.acme)).status_code == 200
-    with trio.fail_after(30):
-        while (await env.queue.status(retried)).status != JobStatus.FAILED:
-            await trio.sleep(0.02)
+    await retry_until_failed_again(env, retried)
     async with open_events(env, env.tokens.acme, last_id=last_id) as events:
         await events.next()
         replayed = await events.until(lambda e: e.event == "failed")
@@ -1349,6 +1364,39 @@ async def test_fuzzed_requests_agree_with_the_spec(env: Env, tmp_path: Path) -> 
         assert result.returncode == 0, output[-6000:]
         # Warnings (no test data for /jobs/{id}, /metrics is admin-only) are fine.
         assert re.search(r"([1-9][0-9]*) generated, \1 passed", output), output[-2000:]
+async def test_events_resume_after_a_requeued_job_says_so(env: Env) -> None:
+    """The job a client's Last-Event-ID names failed, was retried while the
+    client was away and failed again: its finish time moved past a job that
+    finished meanwhile, which the replay then skipped (found by an audit).
+    The stream cannot know where the client stood: resync, never a gap."""
+    failed, last_id = await cursor_at_a_failed_job(env)
+    [away] = await env.import_mail("acme", "inbox", [message("while-away")])
+    await env.wait_finished([away.job_id])
+    await retry_until_failed_again(env, failed)
+    async with open_events(env, env.tokens.acme, last_id=last_id) as events:
+        await events.next()
+        got = await events.until(lambda e: e.event == "resync" or away.job_id in job_ids([e]))
+        assert got[-1].event == "resync", [(e.event, e.data) for e in got]
+        assert "re-queued" in got[-1].data["reason"]
+
+
+async def test_events_resume_after_later_jobs_were_pruned_says_so(env: Env) -> None:
+    """A failed job is kept longer than succeeded ones: the cursor survived
+    pruning, a job that finished after it did not, and the replay skipped it
+    without a word (found by an audit)."""
+    failed, last_id = await cursor_at_a_failed_job(env)
+    [away] = await env.import_mail("acme", "inbox", [message("away-and-pruned")])
+    await env.wait_finished([away.job_id])
+    for job_id, days in ((failed, 9), (away.job_id, 8)):
+        await env.db.execute("UPDATE mail_index_jobs SET finished_at = now() - $2::int"
+                             " * interval '1 day' WHERE id = $1", job_id, days)
+    assert await env.queue.prune() == 1  # the succeeded job; the failed one stays
+    async with open_events(env, env.tokens.acme, last_id=last_id) as events:
+        await events.next()
+        resync = await events.next()
+        assert resync.event == "resync" and "were pruned" in resync.data["reason"]
+
+
 async def test_events_resume_after_a_pruned_job_says_so(env: Env) -> None:
     """Retention deleted the job a client's Last-Event-ID names: the stream
     says so (resync) instead of silently guessing what came after it."""

@@ -77,8 +77,10 @@ async def test_prune_goes_in_small_batches_past_rows_someone_holds(
     finally:
         await holder.aclose()
     assert set(await job_rows(db, ids)) == {ids[0]}
-    assert await queue.cursor_pruned(ids[1]) and not await queue.cursor_pruned(ids[0])
-    assert not await queue.cursor_pruned(ready)
+    assert await queue.cursor_lost(ids[1]) == "pruned"
+    # Kept, but what finished after it was pruned: a stream cannot resume there.
+    assert await queue.cursor_lost(ids[0]) == "later_pruned"
+    assert await queue.cursor_lost(ready) is None
 
 
 async def test_the_sweeper_prunes_a_backlog(db: Database) -> None:
