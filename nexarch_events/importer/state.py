@@ -13,6 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import overload
 
 from ..aio import Executor, Row
 from ..db import sqlfiles
@@ -167,7 +168,8 @@ class StateStore:
         """Remember a message the server would not hand over (and, unless
         ``retry``, advance past it): one transaction. Returns its attempts."""
         attempts: int = await self.db.fetchval(_SQL["record_failure"], tenant_slug,
-                                               mailbox_name, uidvalidity, uid, error, retry)
+                                               mailbox_name, uidvalidity, uid,
+                                               _stored(error), retry)
         return attempts
 
     async def pending_failures(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
@@ -197,12 +199,13 @@ class StateStore:
     async def failed_before_run(self, tenant_slug: str, mailbox_name: str, error: str) -> None:
         """Record an attempt that failed before reaching the server."""
         await self.get_or_create(tenant_slug, mailbox_name)
-        await self.db.execute(_SQL["failed_before_run"], tenant_slug, mailbox_name, error[:2000])
+        await self.db.execute(_SQL["failed_before_run"], tenant_slug, mailbox_name,
+                              _stored(error))
 
     async def set_idle_status(self, tenant_slug: str, mailbox_name: str,
                               status: str | None) -> None:
         await self.db.execute(_SQL["set_idle_status"], tenant_slug, mailbox_name,
-                              None if status is None else status[:2000])
+                              _stored(status))
 
     async def set_fetch_window(self, tenant_slug: str, mailbox_name: str, window: int) -> None:
         await self.db.execute(_SQL["set_fetch_window"], tenant_slug, mailbox_name, window)
@@ -220,9 +223,25 @@ class StateStore:
 
     async def finish(self, tenant_slug: str, mailbox_name: str, *, error: str | None,
                      warning: str | None) -> None:
-        await self.db.execute(_SQL["finish"], tenant_slug, mailbox_name,
-                              None if error is None else error[:2000],
-                              None if warning is None else warning[:2000])
+        await self.db.execute(_SQL["finish"], tenant_slug, mailbox_name, _stored(error),
+                              _stored(warning))
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@overload
+def _stored(text: str) -> str: ...
+@overload
+def _stored(text: None) -> None: ...
+def _stored(text: str | None) -> str | None:
+    """Text for the mailbox state, at most 2,000 characters. Errors quote
+    what the server said, and Postgres refuses a NUL in text (the state's
+    write failed, and the run's error was lost): control characters are
+    written as escapes."""
+    if text is None:
+        return None
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)[:2000]
 
 
 def _check(tenant_slug: str, mailbox_name: str) -> None:

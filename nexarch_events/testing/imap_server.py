@@ -144,6 +144,9 @@ class Faults:
     # BODY[] of these UIDs is sent as a quoted string (legal for an
     # nstring; the body must have no CR, LF or NUL).
     quoted_body_uids: set[int] = field(default_factory=set)
+    # EXAMINE and SELECT answer ``NO <this text>`` (it may hold any byte a
+    # server might send, a NUL included).
+    examine_refusal: str | None = None
     # EXAMINE reports this many messages instead of the real count.
     exists_override: int | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
@@ -560,6 +563,10 @@ class ScriptedImapServer:
         if len(args) != 1:
             raise _BadCommand(f"{name} expects a mailbox name")
         wanted = args[0]
+        if self.faults.examine_refusal is not None:
+            connection.selected = False
+            await connection.send(f"{tag} NO {self.faults.examine_refusal}")
+            return
         if wanted != self.mailbox and not (wanted.upper() == "INBOX" == self.mailbox.upper()):
             connection.selected = False
             await connection.send(f"{tag} NO [NONEXISTENT] Mailbox doesn't exist: {wanted}")

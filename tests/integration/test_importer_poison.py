@@ -190,3 +190,15 @@ async def test_a_body_sent_as_a_quoted_string_is_archived(db: Database) -> None:
     assert await failures(db) == {}
     raws = {bytes(r["raw"]) for r in await db.fetch("SELECT raw FROM mail_archive")}
     assert body in raws
+
+
+async def test_an_error_text_with_a_nul_is_still_recorded(db: Database) -> None:
+    # Postgres refuses NUL in text: the state's write failed (and was only
+    # logged), so the run's error never reached `mailbox list` or the API.
+    async with open_scripted_imap(messages([1]), faults=Faults(
+            examine_refusal="Mailbox\x00 is locked\x07 by another session")) as server:
+        errors = await runs(db, server, 1)
+    assert len(errors) == 1
+    st = await state(db)
+    assert st.last_error is not None and "Mailbox\\x00 is locked\\x07 by" in st.last_error
+    assert st.last_run_finished_at is not None
