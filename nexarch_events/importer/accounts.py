@@ -34,7 +34,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import trio
@@ -144,6 +144,8 @@ class Discovery:
     gone: tuple[str, ...] = ()
     #: Folders whose mailbox name a hand-registered mailbox already has.
     conflicts: tuple[str, ...] = field(default_factory=tuple)
+    #: Listed folders left out because their names cannot be read (why).
+    unreadable: tuple[str, ...] = ()
 
 
 #: What ``folder_state`` calls a folder, worst first.
@@ -291,11 +293,16 @@ async def discover(db: Database, account: AccountConfig, sign_in: SignIn, *,
     registry = AccountRegistry(db)
     try:
         session = await sign_in.open(account.mailbox("INBOX").endpoint(timeout=imap_timeout))
+        unreadable: list[str] = []
         try:
-            listed = parse_list(await session.list_folders())
+            listed = parse_list(await session.list_folders(), unreadable=unreadable)
         finally:
             await session.aclose()
         found = await registry.record_folders(account, listed)
+        for why in unreadable:
+            log.warning("importer: account %s/%s: folder left out: %s", account.tenant_slug,
+                        account.name, why)
+        found = replace(found, unreadable=tuple(unreadable))
     except (ImapError, ConfigurationError, DatabaseError) as exc:
         with trio.move_on_after(5, shield=True):
             try:

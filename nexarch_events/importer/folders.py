@@ -109,9 +109,13 @@ def decode_mailbox_name(wire: str) -> str:
     return "".join(out)
 
 
-def parse_list(parts: Sequence[bytes | bytearray]) -> list[Folder]:
+def parse_list(parts: Sequence[bytes | bytearray], *,
+               unreadable: list[str] | None = None) -> list[Folder]:
     """The ``LIST`` responses in ``parts`` (other untagged data is skipped).
-    A name may come as an atom, a quoted string or a literal."""
+    A name may come as an atom, a quoted string or a literal. With
+    ``unreadable``, a folder whose name is not valid modified UTF-7 (a raw
+    "&", say) is left out and the reason added there, so one bad name does
+    not cost the account its other folders; without it, it raises."""
     folders: list[Folder] = []
     i, n = 0, len(parts)
     while i < n:
@@ -147,8 +151,14 @@ def parse_list(parts: Sequence[bytes | bytearray]) -> list[Folder]:
             folders.append(Folder(wire_name=wire_text, name=wire_text, delimiter=delimiter,
                                   flags=flags))
             continue
-        folders.append(Folder(wire_name=wire, name=decode_mailbox_name(wire),
-                              delimiter=delimiter, flags=flags))
+        try:
+            name = decode_mailbox_name(wire)
+        except ImapProtocolError as exc:
+            if unreadable is None:
+                raise
+            unreadable.append(str(exc))
+            continue
+        folders.append(Folder(wire_name=wire, name=name, delimiter=delimiter, flags=flags))
     return folders
 
 

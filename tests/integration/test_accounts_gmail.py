@@ -208,3 +208,30 @@ async def test_tokens_the_server_keeps_refusing_are_the_state_with_backoff_no_st
     assert gmail.imap.authentications == gmail.imap.refused_tokens == 2
     for secret in (CLIENT_SECRET, REFRESH_TOKEN):
         assert secret not in state.last_error
+
+
+async def test_a_folder_name_that_cannot_be_read_costs_only_that_folder(
+        db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A raw "&" (a client that did not write "&-", listed as is by some
+    servers) made the whole LIST unreadable: discovery failed and none of
+    the account's folders was registered (found by the importer audit)."""
+    from nexarch_events.importer.accounts import discover
+
+    monkeypatch.setenv("FOLDER_TEST_PW", "secret")
+    imap = ScriptedImapServer([], folders=[ListedFolder("INBOX"), ListedFolder("Projects"),
+                                           ListedFolder("Tom & Jerry")])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(imap.serve)
+        registry = AccountRegistry(db)
+        await registry.add(AccountConfig(tenant_slug="acme", name="alice", host="127.0.0.1",
+                                         port=imap.port, tls_mode="plain", username="user",
+                                         password_ref="env:FOLDER_TEST_PW"))
+        account = await registry.get("acme", "alice")
+        found = await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
+                               imap_timeout=5)
+        nursery.cancel_scope.cancel()
+    assert set(found.listed) == {"INBOX", "Projects"}
+    assert len(found.unreadable) == 1 and "Tom & Jerry" in found.unreadable[0]
+    assert any("Tom & Jerry" in r.getMessage() for r in caplog.records)
+    assert len(await db.fetch("SELECT name FROM mail_import_mailboxes")) == 2

@@ -136,3 +136,12 @@ def test_a_name_too_large_to_hold_is_an_error() -> None:
     parts = [b'LIST () "/" {200000000}', DiscardedLiteral(200_000_000, 1000), b""]
     with pytest.raises(ImapProtocolError, match="names a folder with 200000000 bytes"):
         parse_list(parts)
+
+
+def test_a_name_that_is_not_modified_utf7_is_left_out_when_asked() -> None:
+    parts = [b'LIST () "/" INBOX', b'LIST () "/" "Tom & Jerry"', b'LIST () "/" Projects']
+    unreadable: list[str] = []
+    assert [f.name for f in parse_list(parts, unreadable=unreadable)] == ["INBOX", "Projects"]
+    assert len(unreadable) == 1 and "shift never ends" in unreadable[0]
+    with pytest.raises(ImapProtocolError, match="Tom & Jerry"):
+        parse_list(parts)
