@@ -126,6 +126,9 @@ class Faults:
     # (``* SEARCH 1 1 1 ...`` without CRLF, 64 KiB a write) until the client
     # closes the connection; ``endless_line_sent`` counts the bytes.
     endless_line_at: str | None = None
+    # At this command: ``* 1 EXISTS`` lines without end (short lines, 64 KiB
+    # a write) until the client closes; ``flood_sent`` counts the bytes.
+    untagged_flood_at: str | None = None
     # Messages the server cannot read (Dovecot with a corrupt or missing mail
     # file): a UID FETCH naming any of them answers every other message,
     # then ``NO Some messages could not be FETCHed (Failure)``.
@@ -313,6 +316,8 @@ class ScriptedImapServer:
         self.connections = 0
         #: Bytes of the never-ending line sent (``Faults.endless_line_at``).
         self.endless_line_sent = 0
+        #: Bytes of untagged lines sent (``Faults.untagged_flood_at``).
+        self.flood_sent = 0
         #: LOGIN commands received (refused ones included)
         self.logins = 0
         #: commands answered with a throttling NO
@@ -364,6 +369,12 @@ class ScriptedImapServer:
         while True:  # until the client closes (BrokenResourceError ends it)
             await connection.send(chunk)
             self.endless_line_sent += len(chunk)
+
+    async def _untagged_flood(self, connection: _Connection) -> None:
+        chunk = b"* 1 EXISTS\r\n" * 5000
+        while True:  # until the client closes (BrokenResourceError ends it)
+            await connection.send(chunk)
+            self.flood_sent += len(chunk)
 
     # -- serving ----------------------------------------------------------
 
@@ -444,6 +455,8 @@ class ScriptedImapServer:
                     await self._hang(connection)
                 if self._named(self.faults.endless_line_at, name):
                     await self._endless_line(connection)
+                if self._named(self.faults.untagged_flood_at, name):
+                    await self._untagged_flood(connection)
                 if await self._throttle(connection, tag, name):
                     continue
                 await self._dispatch(connection, tag, name, args)

@@ -558,6 +558,28 @@ async def test_a_line_that_never_ends_closes_the_session_at_the_limit(
     assert "line of more than" in ((await state(db)).last_error or "")
 
 
+async def test_a_reply_flooded_with_short_lines_closes_the_session_at_the_limit(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answers EXAMINE with ``* 1 EXISTS`` forever: every line
+    was kept for the reply until the command's timeout (773 MiB of client
+    memory in 30 s; found by the importer audit). The client closes the
+    connection once the reply passes MAX_REPLY_LINES (lowered here to
+    20,000) and says why."""
+    monkeypatch.setattr(imap, "MAX_REPLY_LINES", 20_000)
+    faults = Faults(untagged_flood_at="EXAMINE")
+    async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        with trio.fail_after(20), pytest.raises(ImapUnavailable) as failed:
+            await sync(db, server)
+        sent = server.flood_sent
+    assert "more than 20000 untagged lines in the reply to EXAMINE" in str(failed.value)
+    # Closed at the limit (plus what socket buffers held), not at a timeout.
+    assert 20_000 * 12 < sent < 64 << 20
+    faults.untagged_flood_at = None
+    async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        await sync(db, server)
+    assert (await state(db)).last_synced_uid == 2
+
+
 async def test_a_reply_the_client_cannot_place_ends_the_session_with_the_reason(
         db: Database, caplog: pytest.LogCaptureFixture) -> None:
     """A tagged reply to a command never sent: aioimaplib raised out of the
