@@ -426,22 +426,32 @@ class _Run:
         its response is complete and every UID before it is settled, so a
         cut costs at most the message in flight; responses that come out of
         UID order wait for the ones before them (notifications per mailbox
-        must ascend)."""
+        must ascend).
+
+        Those waiting hold at most ``batch_bytes``: the batch was sized by
+        the probe's RFC822.SIZEs, which a server may state wrong (1 byte for
+        3 MiB messages, then sent in descending order: the whole batch was
+        held). Past it the reply is abandoned like a cut (the window
+        shrinks to what arrived)."""
         wanted = set(uids)
         arrived: dict[int, FetchedItem] = {}
+        waiting_bytes = 0
         settled: set[int] = set()
         order: list[int] = []
         next_index = 0
 
         async def settle_ready() -> None:
-            nonlocal next_index
+            nonlocal next_index, waiting_bytes
             while next_index < len(uids) and uids[next_index] in arrived:
                 uid = uids[next_index]
                 next_index += 1
-                await self._store(uid, arrived.pop(uid), retry=retry)
+                got = arrived.pop(uid)
+                waiting_bytes -= len(got.body or b"")
+                await self._store(uid, got, retry=retry)
                 settled.add(uid)
 
         async def on_item(item: FetchedItem) -> None:
+            nonlocal waiting_bytes
             if item.flags_only or not (item.body_item or item.discarded):
                 # A flag update, with or without its UID: no answer to ours.
                 return
@@ -456,11 +466,17 @@ class _Run:
                 self.report.warn(f"FETCH returned UID {item.uid} twice (first one kept)")
             else:
                 arrived[item.uid] = item
+                waiting_bytes += len(item.body or b"")
                 if order and item.uid < order[-1]:
                     self.report.warn("FETCH responses came out of UID order; imported in "
                                      "UID order")
                 order.append(item.uid)
                 await settle_ready()
+                if waiting_bytes > self.limits.batch_bytes:
+                    raise ImapUnavailable(
+                        f"{waiting_bytes} bytes of messages arrived ahead of UID "
+                        f"{uids[next_index]}, more than a batch's {self.limits.batch_bytes}: "
+                        "the server's RFC822.SIZEs were wrong; reply abandoned")
 
         async with self._in_flight(len(uids), retry=retry):
             refused = await self._fetch(uids, _BODIES, on_item, retry=retry,

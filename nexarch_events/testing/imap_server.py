@@ -150,6 +150,9 @@ class Faults:
     # EXAMINE and SELECT answer ``NO <this text>`` (it may hold any byte a
     # server might send, a NUL included).
     examine_refusal: str | None = None
+    # A FETCH without a body item (the size probe) states this RFC822.SIZE
+    # for every message; a body fetch states the true size.
+    probe_size: int | None = None
     # EXAMINE reports this many messages instead of the real count.
     exists_override: int | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
@@ -667,7 +670,9 @@ class ScriptedImapServer:
                 parts.append(f"FLAGS ({' '.join(sorted(message.flags))})")
             if "RFC822.SIZE" in items:
                 size = message.reported_size
-                if message.uid in self.faults.lf_counted_uids and message.body is not None:
+                if body_item is None and self.faults.probe_size is not None:
+                    size = self.faults.probe_size
+                elif message.uid in self.faults.lf_counted_uids and message.body is not None:
                     size = len(message.body.replace(b"\r\n", b"\n"))
                 parts.append(f"RFC822.SIZE {size}")
             if "INTERNALDATE" in items:

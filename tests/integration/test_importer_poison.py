@@ -202,3 +202,24 @@ async def test_an_error_text_with_a_nul_is_still_recorded(db: Database) -> None:
     st = await state(db)
     assert st.last_error is not None and "Mailbox\\x00 is locked\\x07 by" in st.last_error
     assert st.last_run_finished_at is not None
+
+
+async def test_sizes_stated_wrong_never_make_the_client_hold_more_than_a_batch(
+        db: Database) -> None:
+    # Found by the importer audit: the probe said 1 byte for each of 40
+    # messages of 3 MiB, sent in descending order: one FETCH for all 40,
+    # the whole batch held (client RSS 212 -> 348 MiB). Here 12 of 1 MiB
+    # and batches of 4 MiB: at most 4 MiB wait for the first UID, the rest
+    # comes in smaller windows, run after run.
+    body = b"Subject: big\r\n\r\n" + b"x" * (1 << 20)
+    msgs = [ScriptedMessage(uid, body + str(uid).encode()) for uid in range(1, 13)]
+    async with open_scripted_imap(msgs, faults=Faults(probe_size=1,
+                                                      descending_fetch=True)) as server:
+        errors = await runs(db, server, 1, batch_bytes=4 << 20)
+        assert len(errors) == 1 and "RFC822.SIZEs were wrong" in errors[0], errors
+        for _ in range(10):
+            if (await state(db)).last_synced_uid == 12:
+                break
+            await runs(db, server, 1, batch_bytes=4 << 20)
+    assert [uid for _, uid in await locations(db)] == list(range(1, 13))
+    assert await failures(db) == {}
