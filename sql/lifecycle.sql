@@ -225,11 +225,12 @@ SELECT count(*) FROM mail_archive WHERE tenant_slug = $1;
 SELECT tenant_slug FROM mail_archive WHERE id = $1::bigint;
 
 -- name: audit_complete
--- A retention pass writes its audit row when it starts (its erasures point
--- at it) and completes it here when it ends: the one update the audit log
--- ever sees. $1 id, $2 count, $3 target (JSON text).
+-- A retention pass and a tenant's erasure write their audit row when they
+-- start (their erasures point at it) and complete it here when they end,
+-- with what they did: the one update the audit log ever sees. $1 id, $2
+-- count, $3 target (JSON text).
 UPDATE mail_audit_log SET count = $2::int, target = $3::jsonb
- WHERE id = $1::bigint AND action = 'retention_pass';
+ WHERE id = $1::bigint AND action IN ('retention_pass', 'erase_tenant');
 
 -- name: retention_policies
 SELECT tenant_slug, days, set_by, set_at FROM mail_retention_policies ORDER BY tenant_slug;

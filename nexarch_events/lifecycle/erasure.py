@@ -26,6 +26,7 @@ the mailboxes the erased mail was seen in.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -35,7 +36,7 @@ import trio
 
 from ..aio import Connection, Database
 from ..db import sqlfiles
-from ..errors import InvalidJobError, NexarchError
+from ..errors import DatabaseError, InvalidJobError, NexarchError
 from ..index.base import MAX_DOCUMENT_ID, IndexBackend
 from ..models import JobId, JobStatus, JobType, JSONValue, NewJob, validate_tenant_slug
 from ..queue.jobs import Queue
@@ -257,27 +258,43 @@ class Eraser:
             unregistered = tuple(r["name"] for r in await conn.fetch(
                 _SQL["unregister_tenant"], tenant_slug))
             count = int(await conn.fetchval(_SQL["tenant_count"], tenant_slug))
+            # Completed below with what was erased: a refusal or an outage
+            # mid-way must not leave "count" claiming erasures never made.
+            target: dict[str, JSONValue] = {
+                "all": True, "unregistered_mailboxes": list(unregistered), "planned": count}
             audit_id = await audit.record(
                 conn, actor=actor, action=AuditAction.ERASE_TENANT, tenant_slug=tenant_slug,
-                target={"all": True, "unregistered_mailboxes": list(unregistered)},
-                count=count)
-        still_running = await self._wait_for_runs(tenant_slug, unregistered, run_wait)
+                target=target, count=0)
         erased = 0
         jobs: list[JobId] = []
-        while True:
-            ids = [r["id"] for r in await self.db.fetch(_SQL["ids_page"], tenant_slug, 0, batch)]
-            if not ids:
-                break
-            async with self.db.acquire() as conn, conn.transaction():
-                result = await self.erase_in(conn, tenant_slug, ids, actor=actor,
-                                             action=AuditAction.ERASE_TENANT, target={},
-                                             query_held={}, skip_held=False, strict=False,
-                                             audit_id=audit_id)
-            erased += len(result.erased)
-            jobs.extend(result.delete_jobs)
-            await trio.lowlevel.checkpoint()
-        await self.db.execute(_SQL["drop_tenant_pending_jobs"], tenant_slug)
-        await self.backend.drop_tenant(tenant_slug)
+        try:
+            still_running = await self._wait_for_runs(tenant_slug, unregistered, run_wait)
+            while True:
+                ids = [r["id"] for r in await self.db.fetch(_SQL["ids_page"], tenant_slug, 0,
+                                                            batch)]
+                if not ids:
+                    break
+                async with self.db.acquire() as conn, conn.transaction():
+                    result = await self.erase_in(conn, tenant_slug, ids, actor=actor,
+                                                 action=AuditAction.ERASE_TENANT, target={},
+                                                 query_held={}, skip_held=False, strict=False,
+                                                 audit_id=audit_id)
+                erased += len(result.erased)
+                jobs.extend(result.delete_jobs)
+                await trio.lowlevel.checkpoint()
+            await self.db.execute(_SQL["drop_tenant_pending_jobs"], tenant_slug)
+            await self.backend.drop_tenant(tenant_slug)
+        except BaseException as exc:
+            target["stopped"] = (str(exc) or type(exc).__name__)[:1000]
+            raise
+        finally:
+            with trio.move_on_after(5, shield=True):
+                try:
+                    await self.db.execute(_SQL["audit_complete"], audit_id, erased,
+                                          json.dumps(target))
+                except DatabaseError as failed:
+                    log.warning("erase tenant=%s: audit row %d not completed (%d erased): %s",
+                                tenant_slug, audit_id, erased, failed)
         return TenantErasure(tenant_slug, erased, tuple(jobs), unregistered, audit_id,
                              still_running)
 

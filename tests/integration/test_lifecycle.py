@@ -6,7 +6,7 @@ delete job makes the index forget, and search never finds erased mail."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 import trio
@@ -139,6 +139,30 @@ async def test_erase_a_whole_tenant(env: Env) -> None:
     entry = (await audit.entries(env.db, tenant_slug="acme"))[0]
     assert entry.action == audit.AuditAction.ERASE_TENANT and entry.count == len(ids)
     assert await audit.entries(env.db, tenant_slug="beta") == []
+
+
+async def test_a_tenant_erasure_stopped_by_a_hold_records_what_it_erased(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold that arrives while the erasure waits for import runs refuses
+    the batches (nothing held is erased); the audit row said a count of 5
+    erased all the same (found by an audit). It now says what was erased,
+    what was planned, and why it stopped."""
+    ids = {await env.store("acme", n, "report") for n in range(1, 6)}
+    real_wait = env.eraser._wait_for_runs
+
+    async def a_hold_arrives(tenant: str, mailboxes: Sequence[str], wait: float
+                             ) -> tuple[str, ...]:
+        await env.holds.add("acme", "tenant", reason="litigation", actor="legal")
+        return await real_wait(tenant, mailboxes, wait)
+
+    monkeypatch.setattr(env.eraser, "_wait_for_runs", a_hold_arrives)
+    with pytest.raises(HeldByLegalHold):
+        await env.eraser.erase_tenant("acme", actor="op", batch=2, run_wait=0.1)
+    assert set(await env.archive.ids("acme")) == ids
+    [entry] = [e for e in await audit.entries(env.db, tenant_slug="acme")
+               if e.action == audit.AuditAction.ERASE_TENANT]
+    assert entry.count == 0
+    assert entry.target["planned"] == 5 and "legal hold" in str(entry.target["stopped"])
 
 
 async def test_holds_block_erasure_until_removed(env: Env) -> None:
