@@ -71,3 +71,15 @@ def test_only_the_first_date_field_counts() -> None:
     notes = Notes()
     fields = {b"date": [b" 1 Jun 2025 10:00 +0000", b" 1 Jan 2020 10:00 +0000"]}
     assert header_date(fields, NOW, notes) == datetime(2025, 6, 1, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("value", "year"), [
+    (" 01 Jan 65 00:00:00 +0000", 1965), (" Fri, 01 Jan 60 10:00 GMT", 1960),
+    (" Mon, 01 Jan 68 10:00 GMT", 1968), (" Wed, 01 Jan 69 10:00 GMT", 1969),
+    (" 1 Jan 98 10:00 GMT", 1998), (" 1 Jan 49 10:00 GMT", 2049),
+    (" 1 Jan 00 10:00 GMT", 2000), (" 1 Jan 101 10:00 GMT", 2001),
+])
+def test_two_and_three_digit_years_follow_rfc_5322(value: str, year: int) -> None:
+    # A "now" late enough that none of them is clamped.
+    date, _ = date_of(value, now=datetime(2050, 1, 1, tzinfo=UTC))
+    assert date is not None and date.year == year

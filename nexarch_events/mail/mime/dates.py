@@ -20,8 +20,18 @@ _EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 _DATE = re.compile(
     r"(?:[A-Za-z]{3}, ?)?(\d{1,2}) ([A-Za-z]{3}) (\d{4}) (\d{1,2}):(\d\d)(?::(\d\d))? "
     r"([+-])(\d\d)(\d\d)(?: \([^()]*\))?", re.ASCII)
+#: An obsolete two- or three-digit year after day and month (RFC 5322
+#: 4.3): 00-49 are 2000-2049, 50-99 and three digits add 1900. The stdlib
+#: splits at 69, so "1 Jan 65" became 2065 (clamped to tomorrow), and such
+#: mail waited a whole retention period longer (found by an audit).
+_SHORT_YEAR = re.compile(r"(\d{1,2}\s+[A-Za-z]{3}\s+)(\d{2,3})(?=\s)", re.ASCII)
 _MONTHS = {name: number for number, name in enumerate(
     ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
+
+
+def _full_year(m: re.Match[str]) -> str:
+    year = int(m.group(2))
+    return m.group(1) + str(year + (2000 if len(m.group(2)) == 2 and year < 50 else 1900))
 
 
 def header_date(fields: Fields, now: datetime, notes: Notes) -> datetime | None:
@@ -47,7 +57,7 @@ def header_date(fields: Fields, now: datetime, notes: Notes) -> datetime | None:
                  int(second or 0), 0, 1, -1, offset)
     else:
         try:
-            parts = parsedate_tz(value)
+            parts = parsedate_tz(_SHORT_YEAR.sub(_full_year, value, count=1))
         except Exception:  # the stdlib date parser has raised on odd input before
             parts = None
     seconds: int | None = None
