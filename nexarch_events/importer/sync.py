@@ -627,9 +627,11 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
         for batch in _batches(seqs, sizes, limits):
             items = parse_fetch(await patiently(limits, report, session.fetch, uid_set(batch),
                                                 _BODIES, limit=limits.fetch_timeout))
+            answered = set()
             for item in sorted(items, key=lambda i: i.seq):
-                if item.flags_only and item.seq not in batch:
-                    continue  # an unsolicited flag update
+                if not (item.body_item or item.discarded) or item.seq not in batch:
+                    continue  # a flag update (with its UID or without), not our answer
+                answered.add(item.seq)
                 problem = _problem(item) or _suspicious(item)
                 if problem is not None:
                     # No UID to record a failure under: the next pass (every
@@ -645,6 +647,10 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
                                                       internaldate=item.internaldate)
                 report.imported += archived.created or archived.location_added
                 report.duplicates += not archived.created
+            if len(answered) < len(batch):
+                report.warn("the server sent no body for some messages (tried again on the "
+                            "next pass)")
+                report.failed += len(batch) - len(answered)
 
 
 def _batches(keys: Sequence[int], sizes: dict[int, int],
