@@ -104,6 +104,7 @@ from types import TracebackType
 from typing import Final
 
 import httpx
+import trio
 
 from ..errors import ConfigurationError, InvalidJobError
 from ..models import validate_tenant_slug
@@ -222,6 +223,9 @@ _PERMANENT = re.compile(
     r"|packet too large|too large", re.IGNORECASE)
 #: Statuses that mean "busy or in the way", whatever the body says.
 _RETRYABLE_STATUS: Final = frozenset({408, 425, 429, 502, 503, 504})
+#: One request may take at most this many times the configured timeout in
+#: all (the timeout itself bounds each phase: connect, each read, ...).
+TOTAL_TIMEOUT_FACTOR: Final = 4
 
 
 class TableMissing(IndexRejected):
@@ -414,12 +418,48 @@ def _manticore_message(payload: object) -> str | None:
 
 
 def _failed(payload: object) -> bool:
-    """Whether a 2xx reply still reports a failure in its body."""
+    """Whether a 2xx reply still reports a failure in its body: at the top,
+    or in one /bulk item (an error, or a status of 300 or more, whatever
+    the top-level ``errors`` says)."""
     if isinstance(payload, dict):
-        return bool(payload.get("errors")) or _error_of(payload.get("error")) is not None
+        if payload.get("errors") or _error_of(payload.get("error")) is not None:
+            return True
+        items = payload.get("items")
+        return isinstance(items, list) and any(_item_failed(i) for i in items)
     if isinstance(payload, list):
         return _manticore_message(payload) is not None
     return False
+
+
+def _item_failed(item: object) -> bool:
+    if not isinstance(item, dict):
+        return True
+    for result in item.values():
+        if not isinstance(result, dict) or _error_of(result.get("error")) is not None:
+            return True
+        status = result.get("status")
+        if isinstance(status, int) and not isinstance(status, bool) and status >= 300:
+            return True
+    return False
+
+
+def _bulk_applied(payload: object) -> bool:
+    """A /bulk 2xx that says what it applied: ``errors`` false and one item
+    per operation. Anything else (``{}``, ``[]``, no items: a proxy or the
+    wrong service answering) is no proof that the batch was applied."""
+    return (isinstance(payload, dict) and payload.get("errors") is False
+            and isinstance(payload.get("items"), list) and bool(payload["items"]))
+
+
+def _from_epoch(seconds: int | None) -> datetime | None:
+    """A stored epoch second as a date; None where there is none (a value no
+    date can have reads as unknown rather than failing the whole search)."""
+    if seconds is None:
+        return None
+    try:
+        return datetime.fromtimestamp(seconds, UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
 
 
 def _describe(exc: BaseException) -> tuple[str, bool]:
@@ -571,7 +611,12 @@ class ManticoreBackend:
                 for row in rows if isinstance(rows, list) else []:
                     if isinstance(row, dict) and isinstance(row.get("Field"), str):
                         found.add(row["Field"].lower())
-        if found and TABLE_COLUMNS - found <= set(ADDED_COLUMNS):
+        if "id" not in found:
+            # Every table has an id: an answer without it described nothing
+            # (an empty result set), which is no proof of another schema.
+            raise IndexUnavailable(f"{self._label('/sql')}: DESC {table} answered without "
+                                   "the table's columns; retry later")
+        if TABLE_COLUMNS - found <= set(ADDED_COLUMNS):
             # A table from before fenced writes: add their columns (existing
             # documents read as version 0, not deleted).
             for column in sorted(TABLE_COLUMNS - found):
@@ -851,12 +896,10 @@ class ManticoreBackend:
                 score=float(score) if isinstance(score, int | float) else 0.0,
                 subject=_str(source.get("subject")),
                 sender=_str(source.get("sender")),
-                sent_at=(datetime.fromtimestamp(sent, UTC)
-                         if sent is not None and dated in (True, 1) else None),
+                sent_at=_from_epoch(sent) if dated in (True, 1) else None,
                 snippet=render_snippet(self._snippet(raw.get("highlight"))),
-                received_at=(datetime.fromtimestamp(received_at, UTC)
-                             if received_at is not None and source.get("received") in (True, 1)
-                             else None),
+                received_at=(_from_epoch(received_at)
+                             if source.get("received") in (True, 1) else None),
             ))
         return SearchResult(total=total, hits=tuple(hits), ignored=ignored, exact_total=exact)
 
@@ -906,9 +949,18 @@ class ManticoreBackend:
         every failure into IndexUnavailable / IndexRejected / TableMissing."""
         label = self._label(path)
         try:
-            response = await self._client.post(
-                path, content=content, params=params,
-                headers={"Content-Type": content_type})
+            # httpx's timeout is per phase: a server that drips its answer a
+            # byte at a time restarts the read timeout with every byte. The
+            # whole request is bounded too (found by an audit: a worker
+            # waited for as long as the server kept dripping).
+            with trio.fail_after(self._timeout * TOTAL_TIMEOUT_FACTOR):
+                response = await self._client.post(
+                    path, content=content, params=params,
+                    headers={"Content-Type": content_type})
+        except trio.TooSlowError:
+            raise IndexUnavailable(
+                f"{label}: the answer took longer than "
+                f"{self._timeout * TOTAL_TIMEOUT_FACTOR:g} s in all; retry later") from None
         except httpx.TimeoutException as exc:
             raise IndexUnavailable(
                 f"{label}: no answer within {self._timeout:g} s "
@@ -931,7 +983,7 @@ class ManticoreBackend:
         status = response.status_code
         try:
             payload: object = json.loads(response.content)
-        except ValueError:
+        except (ValueError, RecursionError):  # nesting deeper than Python's stack
             payload = None
         if payload is None:
             snippet = _truncate(response.content[:200].decode("utf-8", "replace"))
@@ -941,6 +993,10 @@ class ManticoreBackend:
                 raise self._unavailable(path, status, what)
             raise IndexRejected(f"{label}: HTTP {status} with {what}")
         if 200 <= status < 300 and not _failed(payload):
+            if path == "/bulk" and not _bulk_applied(payload):
+                snippet = _truncate(response.content[:200].decode("utf-8", "replace"))
+                raise self._unavailable(path, status, f"an answer that does not say the "
+                                        f"batch was applied ({snippet!r})")
             return payload
         message = _manticore_message(payload)
         raise self._classify(path, status, message)
@@ -951,14 +1007,17 @@ class ManticoreBackend:
         if status in (401, 403):
             return IndexRejected(f"{label}: HTTP {status}, authentication or permission "
                                  f"refused; check the configured credentials ({said})")
+        if status in _RETRYABLE_STATUS:
+            # Before the text: a busy server's message may name a table
+            # ("... absent, retry in a second"); "missing" would make a
+            # delete a no-op and a search empty (found by an audit).
+            return IndexUnavailable(f"{label}: HTTP {status}, busy or unreachable; retry "
+                                    f"later ({said})")
         if message and re.search(r"duplicate id", message, re.IGNORECASE):
             return DuplicateId(f"{label}: HTTP {status}, a document id exists ({said})")
         if message and _MISSING_TABLE.search(message):
             return TableMissing(f"{label}: the tenant's table does not exist; run "
                                 f"ensure_schema for the tenant first ({said})")
-        if status in _RETRYABLE_STATUS:
-            return IndexUnavailable(f"{label}: HTTP {status}, busy or unreachable; retry "
-                                    f"later ({said})")
         if 300 <= status < 400:
             return IndexRejected(f"{label}: HTTP {status} redirect; point the URL at "
                                  f"Manticore itself ({said})")

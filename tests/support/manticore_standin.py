@@ -332,7 +332,7 @@ class RecordedRequest:
 
 @dataclass
 class _Fault:
-    kind: Literal["answer", "hang", "drop"]
+    kind: Literal["answer", "hang", "drop", "drip"]
     remaining: int
     endpoint: str | None
     status: int = 503
@@ -631,6 +631,12 @@ class ManticoreStandIn:
         """Read the request, then wait ``seconds`` before answering it."""
         self._faults.append(_Fault("hang", count, endpoint, seconds=seconds))
 
+    def drip_next(self, every: float, *, count: int = 1, endpoint: str | None = None) -> None:
+        """Answer 200 with a Content-Length of 100,000, then send one byte
+        every ``every`` seconds, without end (a server or proxy that stalls
+        mid-answer while keeping the connection alive)."""
+        self._faults.append(_Fault("drip", count, endpoint, seconds=every))
+
     def drop_next(self, *, count: int = 1, endpoint: str | None = None) -> None:
         """Read the request, then close the connection without an answer."""
         self._faults.append(_Fault("drop", count, endpoint))
@@ -685,6 +691,12 @@ class ManticoreStandIn:
                 fault = self._take_fault(request.path)
                 if fault is not None and fault.kind == "drop":
                     return
+                if fault is not None and fault.kind == "drip":
+                    await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/"
+                                          b"json\r\nContent-Length: 100000\r\n\r\n")
+                    while True:  # until the client gives up and closes
+                        await stream.send_all(b" ")
+                        await trio.sleep(fault.seconds)
                 if fault is not None and fault.kind == "hang":
                     await trio.sleep(fault.seconds)
                 if fault is not None and fault.kind == "answer":

@@ -658,6 +658,87 @@ async def test_a_hanging_server_times_out_as_unavailable(standin: ManticoreStand
     assert "nexarch_mail_acme" in standin.tables
 
 
+async def test_an_answer_dripped_a_byte_at_a_time_times_out_in_all(
+        standin: ManticoreStandIn) -> None:
+    """httpx's timeout is per read: each byte restarted it, and a worker
+    waited as long as the server kept dripping (found by an audit). The
+    whole request is bounded by TOTAL_TIMEOUT_FACTOR x the timeout."""
+    async with ManticoreBackend(standin.url, timeout=0.3) as client:
+        await client.ensure_schema("acme")
+        standin.drip_next(0.1, endpoint="/search")
+        with trio.fail_after(10):
+            with pytest.raises(IndexUnavailable, match=r"longer than 1\.2 s in all"):
+                await client.search(SearchQuery("acme", "invoice"))
+
+
+@pytest.mark.parametrize("body", [
+    {}, [], {"status": "ok"}, {"items": [], "errors": False},
+    # item-level failures under errors: false (or no "errors" at all)
+    {"items": [{"replace": {"_id": 1, "status": 409, "error": "version conflict"}}]},
+    {"items": [{"replace": {"_id": 1, "status": 500}}], "errors": False},
+])
+async def test_a_bulk_answer_that_does_not_say_it_applied_the_batch_is_no_success(
+        standin: ManticoreStandIn, backend: ManticoreBackend, body: Any) -> None:
+    # Found by an audit: any 2xx without a top-level "errors" was success,
+    # so the job was acked with nothing indexed.
+    await backend.ensure_schema("acme")
+    standin.answer_next(200, body, endpoint="/bulk")
+    with pytest.raises((IndexUnavailable, IndexRejected)):
+        await backend.upsert([doc(1)])
+    assert standin.tables[TABLE].docs == {}
+
+
+@pytest.mark.parametrize("status", [429, 503])
+async def test_a_busy_answer_naming_a_table_is_busy_not_missing(
+        standin: ManticoreStandIn, backend: ManticoreBackend, status: int) -> None:
+    # Found by an audit: the missing-table text won over the status, so an
+    # unfenced delete (the erasure's re-check) was a no-op reported done,
+    # and a search found nothing instead of saying "unavailable".
+    await backend.ensure_schema("acme")
+    await backend.upsert([doc(1)])
+    busy = {"error": f"table '{TABLE}' absent, retry in a second"}
+    standin.answer_next(status, busy, endpoint="/bulk")
+    with pytest.raises(IndexUnavailable, match=f"HTTP {status}"):
+        await backend.delete("acme", [1])
+    standin.answer_next(status, busy, endpoint="/search")
+    with pytest.raises(IndexUnavailable, match=f"HTTP {status}"):
+        await backend.search(SearchQuery("acme", "hello"))
+    assert set(standin.tables[TABLE].docs) == {1}
+
+
+@pytest.mark.parametrize("body", [b"[" * 200_000 + b"]" * 200_000])
+async def test_an_answer_nested_too_deep_to_read_is_unavailable(
+        standin: ManticoreStandIn, backend: ManticoreBackend, body: bytes) -> None:
+    await backend.ensure_schema("acme")
+    standin.answer_next(200, body, endpoint="/search")
+    with pytest.raises(IndexUnavailable, match="non-JSON"):
+        await backend.search(SearchQuery("acme", "hello"))
+
+
+@pytest.mark.parametrize("seconds", [2**62, -(2**62), 10**12])
+async def test_a_stored_date_no_calendar_has_reads_as_unknown(
+        standin: ManticoreStandIn, backend: ManticoreBackend, seconds: int) -> None:
+    # One such row made every search that listed it fail (OSError, ValueError).
+    await backend.ensure_schema("acme")
+    await backend.upsert([doc(1, body="invoice")])
+    standin.tables[TABLE].docs[1]["sent_at"] = seconds
+    [hit] = (await backend.search(SearchQuery("acme", "invoice"))).hits
+    assert hit.archive_id == 1 and hit.sent_at is None
+
+
+async def test_an_empty_description_of_a_table_is_no_other_schema(
+        standin: ManticoreStandIn, backend: ManticoreBackend) -> None:
+    # A DESC answered with an empty result set was taken for "another
+    # schema": a permanent error that failed the tenant's jobs for good.
+    await backend.ensure_schema("acme")
+    # (the CREATE TABLE IF NOT EXISTS before it gets the same, its usual answer)
+    standin.answer_next(200, [{"total": 0, "error": "", "warning": ""}], count=2,
+                        endpoint="/sql")
+    with pytest.raises(IndexUnavailable, match="without the table's columns"):
+        await backend.ensure_schema("acme")
+    await backend.ensure_schema("acme")
+
+
 async def test_a_refused_connection_is_unavailable(standin: ManticoreStandIn,
                                                    backend: ManticoreBackend) -> None:
     await backend.ensure_schema("acme")
