@@ -178,8 +178,17 @@ def mask_url(url: str | None) -> str | None:
     ``sslpassword=``), as libpq and asyncpg accept both."""
     if url is None:
         return None
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, where = rest.rpartition("@")
+    if sep and at and ":" in userinfo:
+        # By the last "@": a password with an unencoded "/", "?" or "#"
+        # ends urlsplit's netloc early, and it showed in clear (found by
+        # an audit). The user part goes with it unless plainly a user.
+        user = userinfo.split(":", 1)[0]
+        user = user if user and not set(user) & set("/?#") else ""
+        url = f"{scheme}://{user}:***@{where}"
     parts = urlsplit(url)
-    if parts.password is not None:
+    if parts.password is not None and parts.password != "***":
         netloc = parts.netloc.rsplit("@", 1)
         user = (parts.username or "") + ":***"
         parts = parts._replace(netloc=f"{user}@{netloc[-1]}")

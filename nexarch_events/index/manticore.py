@@ -516,8 +516,12 @@ class ManticoreBackend:
                  max_bulk_bytes: int = DEFAULT_MAX_BULK_BYTES) -> None:
         try:
             url = httpx.URL(base_url)
-        except (httpx.InvalidURL, TypeError) as exc:
-            raise ConfigurationError(f"Manticore URL is invalid: {exc}") from None
+        except (httpx.InvalidURL, TypeError):
+            # Not the parser's text: it may quote a password ("Invalid port:
+            # 'hunter2'" for one with an unencoded "#").
+            raise ConfigurationError(
+                "Manticore URL is invalid (a password with #, /, ? or @ must be "
+                "percent-encoded)") from None
         if url.scheme not in ("http", "https") or not url.host:
             raise ConfigurationError(
                 "Manticore URL must be http://host:port or https://host:port, got scheme "

@@ -125,3 +125,15 @@ def test_secrets_readable_by_every_user_are_warned_of(tmp_path: Path) -> None:
     os.chmod(inline, 0o640)
     tight = check()
     assert tight.returncode == 0 and "holds" not in tight.stderr, tight.stderr
+
+
+@pytest.mark.parametrize("url", [
+    "http://indexer:hunter2#x@manticore:9308", "http://indexer:hun/ter2@manticore:9308",
+    "http://indexer:s3cr?et@manticore:9308", "postgresql://u:p@ss@h:5/d",
+    "postgresql://u:hunter2@h:5/d?password=hunter2"])
+def test_mask_url_hides_a_password_with_unencoded_delimiters(url: str) -> None:
+    # Found by an audit: urlsplit ends the netloc at "#", "/" or "?", so the
+    # password was not recognised and `config` printed it in clear.
+    masked = mask_url(url)
+    assert masked is not None and "hunter2" not in masked and "hun/ter2" not in masked
+    assert "s3cr?et" not in masked and "p@ss" not in masked and ":***@" in masked

@@ -998,3 +998,10 @@ async def test_a_total_marked_gte_is_reported_as_a_lower_bound(
     bound = await backend.search(SearchQuery("acme", "invoice"))
     assert (bound.total, bound.exact_total, [h.archive_id for h in bound.hits]) == (
         1000, False, [1])
+
+
+def test_an_invalid_url_is_refused_without_quoting_it() -> None:
+    # httpx's message quoted the password: "Invalid port: 'hunter2'".
+    with pytest.raises(ConfigurationError) as refused:
+        ManticoreBackend("http://indexer:hunter2#x@manticore:9308")
+    assert "hunter2" not in str(refused.value) and "percent-encoded" in str(refused.value)
