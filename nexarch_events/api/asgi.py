@@ -41,6 +41,10 @@ _WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,12}")
 _ID = re.compile(r"[0-9]{1,19}")
 #: The largest request body read; a larger one is refused (413) unread.
 MAX_BODY = 64 * 1024
+#: Seconds a request body may take to arrive in all (the HTTP server has no
+#: read timeout of its own: a body that never completed held its request
+#: open for good).
+BODY_TIMEOUT = 30.0
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,19}")
 
 class ApiError(Exception):
@@ -138,6 +142,12 @@ class BodyReader:
                 raise ApiError(400, "the Content-Length header is not a whole number")
             if int(self.content_length) > self.limit:
                 raise self._too_large()
+        with trio.move_on_after(BODY_TIMEOUT):
+            self._body = await self._gather()
+            return self._body
+        raise ApiError(408, f"the request body did not arrive within {BODY_TIMEOUT:g} s")
+
+    async def _gather(self) -> bytes:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -156,8 +166,7 @@ class BodyReader:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        self._body = b"".join(chunks)
-        return self._body
+        return b"".join(chunks)
 
 
 def check_json_content_type(value: str | None) -> None:
@@ -354,10 +363,10 @@ class Router:
             if route.method == "GET":
                 allowed.append("HEAD")
         if allowed:
-            raise ApiError(405, f"{method} is not allowed on {path}; use "
+            raise ApiError(405, f"{method} is not allowed on {path[:200]}; use "
                                 f"{' or '.join(sorted(set(allowed)))}",
                            [("allow", ", ".join(sorted(set(allowed))))])
-        raise ApiError(404, f"no such endpoint: {path} (see /openapi.yaml)")
+        raise ApiError(404, f"no such endpoint: {path[:200]} (see /openapi.yaml)")
 
 
 #: Sent with every response: nothing here may be sniffed, framed or cached.
@@ -451,11 +460,16 @@ class AsgiApp:
         except ApiError as exc:
             return error_response(exc)
         except (DatabaseUnavailable, IndexUnavailable) as exc:
+            # The details (database names, SQL, hosts) go to the log, not to
+            # whoever holds a token (found by an audit).
             log.warning("api: a backend is unavailable: %s", exc)
-            return error_response(ApiError(503, f"temporarily unavailable: {exc}"))
+            what = "the database" if isinstance(exc, DatabaseUnavailable) else "the search index"
+            return error_response(ApiError(503, f"temporarily unavailable: {what} cannot be "
+                                                "reached; retry later"))
         except NexarchError as exc:
             log.exception("api: request failed")
-            return error_response(ApiError(500, f"the request failed: {exc}"))
+            return error_response(ApiError(500, f"the request failed ({type(exc).__name__}); "
+                                                "the server log has the details"))
         except Exception as exc:
             # A bug must cost one request, not the server; the log has the traceback.
             log.exception("api: unexpected error")

@@ -47,12 +47,18 @@ class Notification:
     received_at: float
 
     def json(self) -> JSONObject:
-        """The payload parsed; {} if it is not a JSON object (a foreign NOTIFY)."""
+        """The payload parsed; {} if it is not a JSON object (a foreign NOTIFY),
+        or holds NaN or Infinity, which no JSON we write does and none we
+        send may (an event stream that passed one on died of it)."""
         try:
-            value = json.loads(self.payload)
+            value = json.loads(self.payload, parse_constant=_no_constant)
         except ValueError:
             return {}
         return cast(JSONObject, value) if isinstance(value, dict) else {}
+
+
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is not JSON")
 
 
 class Resync:

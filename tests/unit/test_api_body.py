@@ -135,3 +135,70 @@ def test_fields_are_typed_and_bounded() -> None:
     assert "whole number or null, got a boolean" in days_error('{"days": true}')
     assert "got a number" in days_error('{"days": 1.5}')
     assert "must be 1..10, got 11" in days_error('{"days": 11}')
+
+
+async def test_a_body_that_never_completes_is_refused_after_the_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The HTTP server has no read timeout: a body that stopped after 5 of
+    # 100 bytes held its request open for good (found by an audit).
+    import trio
+
+    from nexarch_events.api import asgi
+
+    monkeypatch.setattr(asgi, "BODY_TIMEOUT", 0.2)
+    first = True
+
+    async def receive() -> Message:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b"12345", "more_body": True}
+        await trio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    with trio.fail_after(5):
+        message = await refused_read(408, BodyReader(receive, "100"))
+    assert "did not arrive within 0.2 s" in message
+
+
+@pytest.mark.parametrize(("error", "status", "shown", "hidden"), [
+    ("database", 503, "the database cannot be reached", "nexarch_secret_db"),
+    ("index", 503, "the search index cannot be reached", "manticore.internal"),
+    ("other", 500, "the request failed (DatabaseRejected)", "violates check constraint"),
+])
+async def test_backend_errors_name_no_internals(error: str, status: int, shown: str,
+                                                hidden: str) -> None:
+    # Found by an audit: database names, hosts and SQL reached any token
+    # holder in 503 and 500 bodies; they belong in the log.
+    import json
+
+    from nexarch_events.api.asgi import AsgiApp, Router
+    from nexarch_events.errors import DatabaseRejected, DatabaseUnavailable
+    from nexarch_events.index.base import IndexUnavailable
+
+    raised = {"database": DatabaseUnavailable('database "nexarch_secret_db" does not exist'),
+              "index": IndexUnavailable("http://manticore.internal:9308 refused"),
+              "other": DatabaseRejected('value violates check constraint "x" (SQL: ...)')}
+
+    async def handler(request: object) -> object:
+        raise raised[error]
+
+    router = Router()
+    router.add("GET", "/x", handler)  # type: ignore[arg-type]
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "method": "GET", "path": "/" + "y" * 5000, "query_string": b"",
+             "headers": []}
+    await AsgiApp(router)(scope, receive, send)
+    assert sent[0]["status"] == 404
+    assert len(json.loads(sent[-1]["body"])["error"]) < 300  # the path, cut short
+    sent.clear()
+    await AsgiApp(router)({**scope, "path": "/x"}, receive, send)
+    body = json.loads(sent[-1]["body"])["error"]
+    assert sent[0]["status"] == status and shown in body and hidden not in body, body

@@ -33,4 +33,8 @@ async def test_no_resync_without_overflow() -> None:
 def test_foreign_payloads_parse_to_empty() -> None:
     assert Notification("ch", "not json", 0.0).json() == {}
     assert Notification("ch", "[1]", 0.0).json() == {}
+    # NaN and Infinity are no JSON we write, and an event stream that
+    # passed one on died of it (found by an audit).
+    for payload in ('{"v": 1, "error": NaN}', '{"x": Infinity}', '{"x": -Infinity}'):
+        assert Notification("ch", payload, 0.0).json() == {}
     assert Notification("ch", '{"v": 1}', 0.0).json() == {"v": 1}
