@@ -16,6 +16,8 @@ from typing import cast
 
 import trio
 from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.trio import tcp_server
 from hypercorn.trio.run import worker_serve
 from hypercorn.typing import Framework
 from hypercorn.utils import wrap_app
@@ -64,6 +66,40 @@ def create_app(ctx: ApiContext) -> AsgiApp:
             f"the API's listener must listen on {', '.join(CHANNELS)} (missing: "
             f"{', '.join(missing)}): create it with Listener(dsn, channels=(...))")
     return AsgiApp(build_router(ctx))
+
+
+#: Seconds one write to a client may take. hypercorn writes in a shielded
+#: scope with no deadline: a client that stops reading (or its network
+#: does) held its connection, an event stream's slot and the server's
+#: shutdown for as long as it liked, with no token needed (found by an
+#: audit: 200 such connections, each for good; SIGTERM waited for them).
+WRITE_TIMEOUT = 30.0
+
+
+async def _protocol_send(self: tcp_server.TCPServer, event: Event) -> None:
+    """hypercorn's TCPServer.protocol_send, each write bounded by
+    WRITE_TIMEOUT: past it the connection is aborted as if the client had
+    gone. The one place this package reaches into hypercorn; checked by
+    tests/integration/test_api.py against the installed version."""
+    if not isinstance(event, RawData):
+        await _hypercorn_protocol_send(self, event)
+        return
+    async with self.send_lock:
+        try:
+            with trio.CancelScope(shield=True):
+                with trio.move_on_after(WRITE_TIMEOUT) as timed:
+                    await self.stream.send_all(event.data)
+            if timed.cancelled_caught:
+                log.info("api: a client read nothing for %g s; connection closed",
+                         WRITE_TIMEOUT)
+                await trio.aclose_forcefully(self.stream)
+                await self.protocol.handle(Closed())
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.protocol.handle(Closed())
+
+
+_hypercorn_protocol_send = tcp_server.TCPServer.protocol_send
+tcp_server.TCPServer.protocol_send = _protocol_send  # type: ignore[method-assign]
 
 
 async def serve_api(ctx: ApiContext, *, any_port_if_taken: bool = False,

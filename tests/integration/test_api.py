@@ -1420,3 +1420,40 @@ async def test_events_resume_after_a_pruned_job_says_so(env: Env) -> None:
         rest = await events.until(lambda e: e.event == "indexed"
                                   and live.job_id in e.data["ids"])
         assert job_ids(rest) == [live.job_id]
+
+
+async def test_a_client_that_reads_nothing_is_dropped_and_never_holds_the_shutdown(
+        db: Database, database_url: str, fast_settings: QueueSettings,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """hypercorn writes in a shielded scope without a deadline: a client
+    that sent a request and never read the answer held its connection, and
+    the server's shutdown, for as long as it kept the socket open (found by
+    an audit; no token needed: /openapi.yaml is 43 KB). Writes are now
+    bounded (WRITE_TIMEOUT, lowered here to 1 s)."""
+    import socket
+
+    import nexarch_events.api as api
+
+    monkeypatch.setattr(api, "WRITE_TIMEOUT", 1.0, raising=False)
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+
+    async def give_up_after(seconds: float) -> None:
+        # Only so that a server without the bound ends this test at all.
+        await trio.sleep(seconds)
+        sock.close()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(give_up_after, 25)
+        async with open_env(db, database_url, fast_settings) as env:
+            await sock.connect(("127.0.0.1", env.port))
+            await sock.send(b"GET /openapi.yaml HTTP/1.1\r\nHost: x\r\n\r\n")
+            await trio.sleep(2.5)  # the server's write is stuck, then bounded
+            # The server is still serving others.
+            assert (await env.client.http.get("/healthz")).status_code == 200
+            stopping = trio.current_time()
+        # Leaving open_env shut the server down, the client still reading nothing.
+        took = trio.current_time() - stopping
+        nursery.cancel_scope.cancel()
+    sock.close()
+    assert took < 10, f"shutdown waited {took:.1f} s for a client that reads nothing"
