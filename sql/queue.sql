@@ -135,7 +135,8 @@ wake AS (
 ),
 finished AS (
     SELECT pg_notify('nexarch_job_events', json_build_object(
-               'v', 1, 'event', 'failed', 'tenant', g.tenant_slug, 'ids', g.ids)::text)
+               'v', 1, 'event', 'failed', 'tenant', g.tenant_slug, 'ids', g.ids,
+               'finished_at', nexarch_utc_stamp(now()))::text)
       FROM (SELECT tenant_slug, array_agg(id ORDER BY id) AS ids
               FROM (SELECT id, tenant_slug,
                            (row_number() OVER (PARTITION BY tenant_slug ORDER BY id) - 1) / 200 AS chunk

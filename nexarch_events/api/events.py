@@ -14,7 +14,9 @@ was announced last. A client that reconnects with ``Last-Event-ID`` first
 gets what it missed, read from the tables: archived messages above that
 archive id (as ``imported``), then jobs that finished after that job did,
 in finish order (as ``indexed``/``failed``); then the live events, with
-those the replay already covered left out. Finish order, not id order: a
+those the replay already covered left out (a repeat is the same finish:
+job, outcome and ``finished_at``; a job retried and finished again is new).
+Finish order, not id order: a
 retried job finishes long after higher ids, and must not be skipped.
 
 Not replayed (the tables keep no order for them): import failures, importer
@@ -305,14 +307,15 @@ class EventStream:
 
     async def _replay_jobs(self, jobs: list[FinishedJob]) -> None:
         outcome = jobs[0].status.value
+        stamp = jobs[0].finish_stamp  # one per group: _job_groups
         ids: list[JSONValue] = [job.id for job in jobs
-                                if self._first_time(("job", job.id, outcome))]
+                                if self._first_time(("job", job.id, outcome, stamp))]
         if not ids:
             return
         self._mark = Watermark(self._mark.archive_id, jobs[-1].id)
         await self._emit("indexed" if outcome == "succeeded" else "failed", {
             "v": 1, "event": outcome, "tenant": jobs[0].tenant_slug, "ids": ids,
-            "channel": JOB_EVENTS_CHANNEL, "replayed": True})
+            "finished_at": stamp, "channel": JOB_EVENTS_CHANNEL, "replayed": True})
 
     # -- live ------------------------------------------------------------------
 
@@ -392,8 +395,11 @@ class EventStream:
             raw_ids = data.get("ids")
             if not isinstance(raw_ids, list):
                 return
+            # A job finishes again after a retry: only the same finish is a repeat.
+            raw_stamp = data.get("finished_at")
+            stamp = raw_stamp if isinstance(raw_stamp, str) else None
             ids = [i for i in raw_ids if isinstance(i, int) and not isinstance(i, bool)
-                   and self._first_time(("job", i, kind))]
+                   and self._first_time(("job", i, kind, stamp))]
             if not ids:
                 return
             self._mark = Watermark(self._mark.archive_id, max(ids))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import cast
 
 from ..aio import Executor, Row
@@ -331,6 +331,12 @@ class FinishedJob:
     job_type: JobType
     message_id: str
     finished_at: datetime
+
+    @property
+    def finish_stamp(self) -> str:
+        """``finished_at`` as the job-events notification names this finish
+        (migration 0034, ``nexarch_utc_stamp``)."""
+        return self.finished_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 #: last_error is for people; a 100 KB traceback helps nobody and bloats rows.

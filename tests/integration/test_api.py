@@ -1364,6 +1364,29 @@ async def test_fuzzed_requests_agree_with_the_spec(env: Env, tmp_path: Path) -> 
         assert result.returncode == 0, output[-6000:]
         # Warnings (no test data for /jobs/{id}, /metrics is admin-only) are fine.
         assert re.search(r"([1-9][0-9]*) generated, \1 passed", output), output[-2000:]
+async def test_a_job_that_fails_again_after_a_retry_is_announced_again(env: Env) -> None:
+    """Each finish is an event: a failed job retried by the operator that
+    fails again is announced again on a live stream, and a replay that
+    covered the first finish does not swallow the second (the stream's
+    repeat filter once keyed on job and outcome alone)."""
+    async with open_events(env, env.tokens.acme) as events:
+        opened = await events.next()
+        failed = await env.failed_job("acme")
+        first = await events.until(lambda e: e.event == "failed" and failed in e.data["ids"])
+        await retry_until_failed_again(env, failed)
+        again = await events.until(lambda e: e.event == "failed" and failed in e.data["ids"])
+    assert first[-1].data["finished_at"] != again[-1].data["finished_at"]
+    assert again[-1].id is not None and again[-1].id.endswith(f".{failed}")
+    # Resumed from before both: the table holds the second finish only,
+    # replayed once, with the same finish time as the live event.
+    async with open_events(env, env.tokens.acme, last_id=opened.id) as events:
+        await events.next()
+        replayed = await events.until(lambda e: e.event == "failed" and failed in e.data["ids"])
+        assert replayed[-1].data["replayed"] is True
+        assert replayed[-1].data["finished_at"] == again[-1].data["finished_at"]
+        assert await events.quiet(0.5) == []
+
+
 async def test_events_resume_after_a_requeued_job_says_so(env: Env) -> None:
     """The job a client's Last-Event-ID names failed, was retried while the
     client was away and failed again: its finish time moved past a job that

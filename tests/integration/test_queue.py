@@ -574,7 +574,12 @@ async def test_acks_announce_outcomes_per_tenant_in_small_chunks(
         assert {(d["event"], d["tenant"], tuple(d["ids"])) for d in received
                 if d["tenant"] == "tenant-b"} == {
             ("failed", "tenant-b", (b_jobs[0].id,)), ("succeeded", "tenant-b", (b_jobs[2].id,))}
-        assert all(set(d) == {"v", "event", "tenant", "ids"} for d in received)
+        assert all(set(d) == {"v", "event", "tenant", "ids", "finished_at"} for d in received)
+        # finished_at names the finish as the table holds it, in one form.
+        for d in received:
+            stamps = await db.fetch("SELECT DISTINCT nexarch_utc_stamp(finished_at) AS s "
+                                    "FROM mail_index_jobs WHERE id = ANY($1::bigint[])", d["ids"])
+            assert [r["s"] for r in stamps] == [d["finished_at"]]
 
         # The retry is announced on the index channel with its due time.
         while True:
@@ -628,6 +633,26 @@ async def test_ack_and_claim_in_one_statement(queue: Queue) -> None:
     assert nothing == []
 
 
+async def test_a_job_failed_by_the_sweeper_is_announced_with_its_finish(
+        db: Database, fast_settings: QueueSettings) -> None:
+    """The last attempt's worker died: the sweeper's "failed" names the
+    finish as the table holds it (migration 0034), like an ack's."""
+    queue = Queue(db, QueueSettings(stale_after=0.3, heartbeat_interval=0.1))
+    listener = Listener(db.dsn, fast_settings)
+    events = listener.subscribe(JOB_EVENTS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        job_id = await queue.enqueue_index("acme", "m1", {}, max_attempts=1)
+        await queue.dequeue("dead-worker")
+        await trio.sleep(0.5)
+        assert await queue.reclaim_stale() == {job_id: JobStatus.FAILED}
+        data = json.loads((await _next_notification(events)).payload)
+        assert (data["event"], data["ids"]) == ("failed", [job_id])
+        assert data["finished_at"] == await db.fetchval(
+            "SELECT nexarch_utc_stamp(finished_at) FROM mail_index_jobs WHERE id = $1", job_id)
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_ack_of_one_job_matches_the_batch_ack(
         queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
     # Migration 0024 acks a single job with one UPDATE instead of the batch
@@ -672,6 +697,9 @@ async def test_the_ack_of_one_job_matches_the_batch_ack(
                 elif keep_lease:
                     data = json.loads((await _next_notification(events)).payload)
                     assert data.pop("ids") == [job_id]
+                    assert data.pop("finished_at") == await db.fetchval(
+                        "SELECT nexarch_utc_stamp(finished_at) FROM mail_index_jobs "
+                        "WHERE id = $1", job_id)
                     sent.append(data)
                 states.append((returned, state))
                 notes.append(sent)
