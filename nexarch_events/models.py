@@ -99,6 +99,21 @@ def encode_payload(payload: object) -> str:
     return text
 
 
+#: Control characters other than tab and line feed.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def storable_text(text: str, limit: int) -> str:
+    """Text from outside (a server's answer, a handler's error) for a text
+    column read by people: Postgres refuses a NUL in text, and a control
+    character garbles a terminal, so each is written as an escape (``\\x00``);
+    past ``limit`` characters the rest is cut, and the cut says how much."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... [{len(text) - limit} characters cut]"
+
+
 def _contains_nul(value: object) -> bool:
     stack = [value]
     while stack:

@@ -82,6 +82,13 @@ class FetchedItem:
     body_item: bool = False
 
     @property
+    def answers_body(self) -> bool:
+        """A reply to a body request: a BODY[] item, or a body too large to
+        hold (read and discarded). Anything else, with or without its UID,
+        is a flag update and not ours to take for the message."""
+        return self.body_item or self.discarded is not None
+
+    @property
     def flags_only(self) -> bool:
         """No UID and no message: e.g. an unsolicited flag update (RFC 3501
         §7.4.2), legal at any time and not ours to read."""

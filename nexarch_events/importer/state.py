@@ -19,7 +19,7 @@ from ..aio import Executor, Row
 from ..db import sqlfiles
 from ..errors import InvalidJobError, JobNotFound
 from ..mail.archive import Archived, content_hash
-from ..models import JobId, validate_tenant_slug
+from ..models import JobId, storable_text, validate_tenant_slug
 
 _SQL = sqlfiles.queries("importer.sql")
 
@@ -227,7 +227,8 @@ class StateStore:
                               _stored(warning))
 
 
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+#: Errors and warnings in the mailbox state are for people, like last_error.
+MAX_STATE_TEXT = 2000
 
 
 @overload
@@ -235,13 +236,8 @@ def _stored(text: str) -> str: ...
 @overload
 def _stored(text: None) -> None: ...
 def _stored(text: str | None) -> str | None:
-    """Text for the mailbox state, at most 2,000 characters. Errors quote
-    what the server said, and Postgres refuses a NUL in text (the state's
-    write failed, and the run's error was lost): control characters are
-    written as escapes."""
-    if text is None:
-        return None
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)[:2000]
+    """Text for the mailbox state: errors quote what the server said."""
+    return None if text is None else storable_text(text, MAX_STATE_TEXT)
 
 
 def _check(tenant_slug: str, mailbox_name: str) -> None:

@@ -365,8 +365,7 @@ class _Run:
             nonlocal received
             for item in parse_fetch(parts):
                 # Responses to the request only: not unsolicited flag updates.
-                received += item.uid in wanted and (
-                    item.size is not None or item.body_item or item.discarded is not None)
+                received += item.uid in wanted and (item.size is not None or item.answers_body)
                 await on_item(item)
 
         try:
@@ -452,7 +451,7 @@ class _Run:
 
         async def on_item(item: FetchedItem) -> None:
             nonlocal waiting_bytes
-            if item.flags_only or not (item.body_item or item.discarded):
+            if item.flags_only or not item.answers_body:
                 # A flag update, with or without its UID: no answer to ours.
                 return
             if item.uid is None or item.uid == 0:
@@ -629,7 +628,7 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
                                                 _BODIES, limit=limits.fetch_timeout))
             answered = set()
             for item in sorted(items, key=lambda i: i.seq):
-                if not (item.body_item or item.discarded) or item.seq not in batch:
+                if not item.answers_body or item.seq not in batch:
                     continue  # a flag update (with its UID or without), not our answer
                 answered.add(item.seq)
                 problem = _problem(item) or _suspicious(item)

@@ -32,6 +32,7 @@ from ..models import (
     NewJob,
     QueueStats,
     RequeueResult,
+    storable_text,
     validate_tenant_slug,
 )
 from ..settings import QueueSettings
@@ -344,10 +345,7 @@ MAX_ERROR_LENGTH = 4000
 
 
 def _clip_error(error: str) -> str:
-    error = error.replace("\x00", "\\0")
-    if len(error) <= MAX_ERROR_LENGTH:
-        return error
-    return error[:MAX_ERROR_LENGTH] + f"... [{len(error) - MAX_ERROR_LENGTH} characters cut]"
+    return storable_text(error, MAX_ERROR_LENGTH)
 
 
 def _stats(row: Row | None) -> QueueStats:

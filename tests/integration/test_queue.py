@@ -162,7 +162,7 @@ async def test_long_errors_are_clipped_and_nul_is_escaped(queue: Queue) -> None:
     job = await queue.dequeue("w")
     await queue.fail(job, "bad\x00byte " + "x" * 10_000, permanent=True)
     error = (await queue.status(job_id)).last_error
-    assert error is not None and error.startswith("bad\\0byte ")
+    assert error is not None and error.startswith("bad\\x00byte ")
     assert len(error) < 4100 and error.endswith("characters cut]")
 
 

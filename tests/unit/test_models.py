@@ -8,6 +8,7 @@ from nexarch_events.models import (
     JobType,
     NewJob,
     encode_payload,
+    storable_text,
     validate_tenant_slug,
 )
 
@@ -48,3 +49,13 @@ def test_payload_over_the_limit_names_the_limit() -> None:
 def test_nested_nul_is_found() -> None:
     with pytest.raises(InvalidJobError, match="NUL"):
         encode_payload({"a": [{"b": ["ok", "no\x00"]}]})
+
+
+def test_storable_text_escapes_controls_and_says_what_it_cut() -> None:
+    # The importer's state and the queue's last_error share this rule.
+    assert storable_text("line one\n\tline two", 100) == "line one\n\tline two"
+    assert storable_text("a\x00b\x07c\rd\x7f", 100) == "a\\x00b\\x07c\\x0dd\\x7f"
+    clipped = storable_text("é" * 30, 10)
+    assert clipped == "é" * 10 + "... [20 characters cut]"
+    # The escapes count toward the limit: what is stored is what is measured.
+    assert storable_text("\x00" * 5, 8) == "\\x00\\x00... [12 characters cut]"
