@@ -264,39 +264,10 @@ SELECT mail_index_jobs_last_finished($1::text) AS id;
 -- Finished jobs of tenant $1 (NULL: all) that finished after job $2 did,
 -- in finish order, at most $3: the replay of an event stream that resumes
 -- after job $2. The cursor is the finish time, not the id: a retried job
--- finishes long after higher ids did, and must not be skipped. If job $2 is
--- not a finished job of that tenant (0, requeued since, or another
--- tenant's, which must not reveal when that one finished), jobs with a
--- higher id are the best guess. The two cases are two branches, of which
--- one returns rows: the cursor's is a range of the finished index that
--- starts at the mark (compared inside a CASE, the cursor was only a filter,
--- and the scan started at the oldest finished job).
-WITH mark AS MATERIALIZED (
-    SELECT finished_at, id
-      FROM mail_index_jobs
-     WHERE id = $2::bigint
-       AND status IN ('succeeded', 'failed')
-       AND ($1::text IS NULL OR tenant_slug = $1::text)
-)
-SELECT * FROM (
-    (SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
-       FROM mail_index_jobs j
-      WHERE j.status IN ('succeeded', 'failed')
-        AND ($1::text IS NULL OR j.tenant_slug = $1::text)
-        AND (j.finished_at, j.id) > ((SELECT m.finished_at FROM mark m),
-                                     (SELECT m.id FROM mark m))
-      ORDER BY j.finished_at, j.id
-      LIMIT $3::int)
-    UNION ALL
-    (SELECT j.id, j.tenant_slug, j.status, j.job_type, j.message_id, j.finished_at
-       FROM mail_index_jobs j
-      WHERE NOT EXISTS (SELECT 1 FROM mark)
-        AND j.status IN ('succeeded', 'failed')
-        AND ($1::text IS NULL OR j.tenant_slug = $1::text)
-        AND j.id > $2::bigint
-      ORDER BY j.finished_at, j.id
-      LIMIT $3::int)) f
- ORDER BY f.finished_at, f.id;
+-- finishes long after higher ids did, and must not be skipped. See
+-- migration 0035 for what it reads (never another tenant's history).
+SELECT id, tenant_slug, status, job_type, message_id, finished_at
+  FROM mail_index_jobs_finished_after($1::text, $2::bigint, $3::int);
 
 -- name: prune
 -- Retention: delete up to $3 finished jobs, succeeded ones finished more than

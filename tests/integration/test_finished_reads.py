@@ -8,7 +8,9 @@ Before, the cursor was compared inside a CASE, so it was only a filter and
 the scan of the finished index started at the oldest finished job (found by
 an audit of the SQL, stop 24). Where a stream starts ("last_finished")
 walked back through every tenant's newer jobs for an idle tenant (20,001
-entries for the small tenant here) until migration 0030."""
+entries for the small tenant here) until migration 0030. A quiet tenant's
+resume walked every other tenant's job finished since its cursor (20,040
+entries for 39 rows; 3,001 since migration 0035)."""
 
 from __future__ import annotations
 
@@ -49,10 +51,65 @@ async def test_resuming_a_stream_reads_from_its_cursor(
             async with entries_read(conn, "mail_index_jobs") as read:
                 rows = await conn.fetch(QUEUE["finished_after"], tenant, mark, 100)
             assert [r["id"] for r in rows] == history["large"][LARGE // 2 + 1:LARGE // 2 + 101]
-            # The mark's row, the page and a look-ahead: not the history before it.
-            assert read[0] <= 110, read[0]
+            # The mark's row, the page and a look-ahead (a plpgsql FOR loop
+            # fetches 10 rows at a time): not the history before it.
+            assert read[0] <= 120, read[0]
     finally:
         await conn.aclose()
+
+
+async def test_a_quiet_tenant_resuming_reads_its_own_jobs_not_the_others(
+        db: Database) -> None:
+    """A tenant's stream resumes near the end of its history after a gap in
+    which another tenant finished 20,000 jobs: a window of the jobs
+    finished next, then the tenant's own jobs; before, the range scan
+    walked every other tenant's job since the cursor."""
+    await db.execute("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, status, attempts,
+                                     finished_at)
+        SELECT 'index', CASE WHEN n <= 2000 THEN 'quiet' ELSE 'busy' END, 'm' || n,
+               'succeeded', 1, now() - interval '1 day' + n * interval '1 second'
+          FROM generate_series(1, 22000) AS n""")
+    await db.execute("ANALYZE mail_index_jobs")  # as autovacuum would
+    quiet = [r["id"] for r in await db.fetch(
+        "SELECT id FROM mail_index_jobs WHERE tenant_slug = 'quiet' ORDER BY finished_at, id")]
+    conn = await Connection.open(db.dsn)
+    try:
+        for mark, expected in ((quiet[-40], quiet[-39:]), (0, quiet[:100])):
+            for _ in range(8):  # past the custom plans
+                async with entries_read(conn, "mail_index_jobs") as read:
+                    rows = await conn.fetch(QUEUE["finished_after"], "quiet", mark, 100)
+                assert [r["id"] for r in rows] == expected
+                # The window, then the tenant's own jobs: never the other's 20,000.
+                assert read[0] <= 1_000 + 2 * 2_000 + 10, (mark, read[0])
+    finally:
+        await conn.aclose()
+
+
+async def test_a_replay_across_the_window_keeps_finish_order(db: Database) -> None:
+    """Rows found in the window and rows found after it, for one tenant,
+    come out as one list in finish order, then id; other tenants' and
+    unfinished jobs never."""
+    await db.execute("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id, status, attempts,
+                                     finished_at)
+        SELECT 'index', CASE WHEN n % 700 = 0 THEN 'a' ELSE 'b' END, 'm' || n,
+               CASE WHEN n % 1400 = 0 THEN 'failed' ELSE 'succeeded' END, 1,
+               now() - interval '1 day' + (n / 2) * interval '1 second'
+          FROM generate_series(1, 5000) AS n""")
+    await db.execute("INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)"
+                     " VALUES ('index', 'a', 'pending')")
+    ordered = [r["id"] for r in await db.fetch(
+        "SELECT id FROM mail_index_jobs WHERE tenant_slug = 'a' AND finished_at IS NOT NULL"
+        " ORDER BY finished_at, id")]
+    assert len(ordered) == 7
+    for n, mark in enumerate([0, *ordered]):
+        for limit in (1, 3, 100):
+            rows = await db.fetch(QUEUE["finished_after"], "a", mark, limit)
+            assert [r["id"] for r in rows] == ordered[n:][:limit], (mark, limit)
+            assert {r["tenant_slug"] for r in rows} <= {"a"}
+    everyone = await db.fetch(QUEUE["finished_after"], None, ordered[0], 10_000)
+    assert len(everyone) == 5000 - 700
 
 
 @pytest.mark.parametrize(("tenant", "bound"), [("small", 1_000 + 2 * SMALL + 10),
