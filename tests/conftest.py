@@ -26,6 +26,7 @@ from nexarch_events.db.migrations import migrate
 from nexarch_events.queue.jobs import Queue
 from nexarch_events.settings import QueueSettings
 from tests.support.dovecot import Dovecot, running_dovecot
+from tests.support.fixture_check import pytest_collection_modifyitems  # noqa: F401
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
