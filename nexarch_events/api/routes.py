@@ -30,7 +30,7 @@ from ..index.base import (
 )
 from ..lifecycle import audit
 from ..lifecycle.erasure import Eraser, HeldByLegalHold, MessageNotFound
-from ..lifecycle.holds import MAX_MAILBOX, MAX_REASON, Hold, HoldNotFound, Holds
+from ..lifecycle.holds import MAX_MAILBOX, MAX_REASON, Hold, HoldNotFound, Holds, UnevaluableHold
 from ..lifecycle.matching import TooManyMatches
 from ..lifecycle.retention import MAX_DAYS, RetentionPolicy, policies, set_policy
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -311,7 +311,7 @@ class _Api:
             result = await eraser.erase(tenant, [archive_id], actor=who.name)
         except MessageNotFound:
             raise ApiError(404, f"no archived message {archive_id}{scope}") from None
-        except HeldByLegalHold as exc:
+        except (HeldByLegalHold, UnevaluableHold) as exc:
             raise ApiError(409, str(exc)) from None
         if not result.erased:
             raise ApiError(404, f"no archived message {archive_id}{scope} (erased before)")

@@ -149,8 +149,9 @@ class Eraser:
         """Erase messages by archive id: all of them, or none (unknown or
         held ids refuse the whole call; with ``strict`` False unknown ids
         are passed over). One transaction. Raises
-        MessageNotFound, HeldByLegalHold, InvalidJobError, TooManyMatches
-        (a query hold too broad to evaluate)."""
+        MessageNotFound, HeldByLegalHold, InvalidJobError, UnevaluableHold
+        (a query hold that cannot be evaluated: too broad, or refused by
+        today's parser)."""
         validate_tenant_slug(tenant_slug)
         audit.validate_actor(actor)
         wanted = validate_ids(ids)

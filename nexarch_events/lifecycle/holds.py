@@ -22,7 +22,7 @@ from ..errors import InvalidJobError, NexarchError
 from ..index.base import IndexBackend, InvalidQuery
 from ..models import validate_tenant_slug
 from . import audit
-from .matching import check_query, find_ids
+from .matching import TooManyMatches, check_query, find_ids
 
 _SQL = sqlfiles.queries("lifecycle.sql")
 MAX_REASON = 1000
@@ -100,6 +100,11 @@ def _hold(row: Row) -> Hold:
                 recorded=int(row.get("recorded") or 0))
 
 
+class UnevaluableHold(NexarchError):
+    """A query hold of the tenant cannot be evaluated now: its mail cannot
+    be told apart from held mail, so none of it may be erased."""
+
+
 class Holds:
     """Legal holds of every tenant. ``backend`` evaluates query holds."""
 
@@ -166,15 +171,21 @@ class Holds:
 
     async def query_held(self, tenant_slug: str, ids: Iterable[int]) -> dict[int, set[int]]:
         """What the tenant's active query holds find now among ``ids``:
-        archive id -> hold ids. Raises TooManyMatches for a hold whose query
-        has grown too broad to evaluate (the erasure is then refused)."""
+        archive id -> hold ids. Raises UnevaluableHold for a hold whose
+        query cannot be evaluated: grown too broad, or refused by today's
+        parser (it was validated when added). Held mail cannot be told
+        apart then, so no mail of the tenant may be erased: an erasure
+        cannot be undone, a hold that keeps too much can be narrowed."""
         wanted = set(ids)
         held: dict[int, set[int]] = {}
         for row in await self.db.fetch(_SQL["query_holds"], tenant_slug):
             try:
                 found = await find_ids(self.backend, tenant_slug, row["query"])
-            except InvalidQuery:
-                continue  # validated when added; a changed parser cannot widen it
+            except (InvalidQuery, TooManyMatches) as exc:
+                raise UnevaluableHold(
+                    f"legal hold #{row['id']} of tenant {tenant_slug!r} cannot be evaluated "
+                    f"({exc}): no mail of the tenant is erased until the hold is removed "
+                    "or replaced by one that can") from None
             for archive_id in found & wanted:
                 held.setdefault(archive_id, set()).add(row["id"])
         return held
@@ -190,5 +201,5 @@ async def held_in(conn: Executor, tenant_slug: str, ids: list[int]) -> dict[int,
     return held
 
 
-__all__ = ["Hold", "HoldNotFound", "HoldScope", "Holds", "held_in",
+__all__ = ["Hold", "HoldNotFound", "HoldScope", "Holds", "UnevaluableHold", "held_in",
            "validate_hold"]

@@ -39,7 +39,7 @@ from ..settings import RetentionSettings
 from . import audit
 from .audit import AuditAction
 from .erasure import Eraser
-from .matching import TooManyMatches
+from .holds import UnevaluableHold
 
 log = logging.getLogger(__name__)
 _SQL = sqlfiles.queries("lifecycle.sql")
@@ -154,9 +154,9 @@ class Retention:
         error: str | None = None
         try:
             await self._erase_expired(tenant, cutoff, target, audit_id, erased, held)
-        except TooManyMatches as exc:
-            # Permanent for this tenant: a query hold grown too broad to
-            # evaluate, so held mail cannot be told apart; its mail stays,
+        except UnevaluableHold as exc:
+            # Permanent for this tenant: a query hold that cannot be
+            # evaluated, so held mail cannot be told apart; its mail stays,
             # the other tenants' passes go on, and the audit row says why.
             # (An outage propagates: the task backs off and starts over.)
             error = str(exc)

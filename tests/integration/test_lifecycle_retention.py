@@ -199,6 +199,52 @@ async def test_a_query_hold_too_broad_to_evaluate_stops_only_its_tenant(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_query_hold_that_no_longer_parses_holds_its_whole_tenant(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A query hold whose query the parser refuses today (validated when it
+    was added; the parser changed since) protected only the items recorded
+    when it was added: mail it would find now, and everything else of the
+    tenant, expired as if there were no hold (a legal hold is there to keep
+    mail: an erasure cannot be undone). Now the tenant's erasures stop with
+    an error that names the hold; other tenants' passes go on."""
+    from nexarch_events.index.base import InvalidQuery
+    from nexarch_events.lifecycle import matching
+    from nexarch_events.lifecycle.erasure import Eraser
+    from nexarch_events.lifecycle.holds import UnevaluableHold
+
+    old = "Mon, 01 Jan 2001 00:00:00 +0000"
+    archive = Archive(env.db)
+    recorded = (await archive.store("acme", mail("budget-1 budget", old))).archive_id
+    await env.settle()
+    hold = await Holds(env.db, env.backend).add("acme", "query", query="budget",
+                                                reason="case", actor="legal")
+    later = (await archive.store("acme", mail("budget-2 budget", old))).archive_id
+    other = (await archive.store("acme", mail("unrelated", old))).archive_id
+    zeta = (await archive.store("zeta", mail("zeta-old", old))).archive_id
+    await env.settle()
+    real_check = matching.check_query
+
+    def changed_parser(tenant_slug: str, query: str) -> str:
+        if query == "budget":
+            raise InvalidQuery("the word 'budget' is reserved (a parser change)")
+        return real_check(tenant_slug, query)
+
+    monkeypatch.setattr(matching, "check_query", changed_parser)
+    retention = Retention(env.db, env.backend,
+                          RetentionSettings(days=(("acme", 30), ("zeta", 30))))
+    results = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC)) or []
+    by_tenant = {r.tenant_slug: r for r in results}
+    assert by_tenant["zeta"].erased == (zeta,)
+    assert by_tenant["acme"].erased == ()
+    error = by_tenant["acme"].error
+    assert error is not None and f"#{hold.id}" in error and "reserved" in error
+    assert sorted(await archive.ids("acme")) == sorted([recorded, later, other])
+    # An erasure by id is refused too, with the same reason.
+    with pytest.raises(UnevaluableHold, match=f"#{hold.id}"):
+        await Eraser(env.db, env.backend).erase("acme", [other], actor="ops")
+    assert sorted(await archive.ids("acme")) == sorted([recorded, later, other])
+
+
 async def test_one_pass_at_a_time(env: Env) -> None:
     await set_policy(env.db, "acme", 30, actor="ops")
     retention = Retention(env.db, env.backend, RetentionSettings())
