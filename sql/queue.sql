@@ -358,6 +358,9 @@ VACUUM (SKIP_LOCKED) mail_index_jobs;
 -- that never finished were never pruned); 'requeued': it was re-queued
 -- after it finished, so where it finished then is not known any more;
 -- 'later_pruned': a job that finished after it was pruned (migration 0033).
+-- $2 the stream's tenant (NULL: all): another tenant's job is answered as
+-- an unknown id, never as what became of it (found by a security audit:
+-- a tenant could learn whether another's job was re-queued).
 SELECT CASE
          WHEN j.id IS NULL THEN
            CASE WHEN $1::bigint > 0 AND $1::bigint <= p.max_id THEN 'pruned' END
@@ -367,7 +370,8 @@ SELECT CASE
            THEN 'later_pruned'
        END AS lost
   FROM mail_index_jobs_pruned p
-  LEFT JOIN mail_index_jobs j ON j.id = $1::bigint;
+  LEFT JOIN mail_index_jobs j ON j.id = $1::bigint
+                              AND ($2::text IS NULL OR j.tenant_slug = $2::text);
 
 -- name: ping
 -- Readiness probe of the HTTP API (GET /readyz): one round trip.

@@ -257,7 +257,7 @@ class EventStream:
     async def _replay(self) -> None:
         """What happened after the watermark, from the tables."""
         lost = None if self.resume is None else await self.queue.cursor_lost(
-            self._mark.job_id)
+            self._mark.job_id, tenant_slug=self.tenant)
         if lost is not None:
             # Where the job this stream resumes after stood in finish order
             # cannot be told any more: say so rather than skip.

@@ -211,12 +211,13 @@ class Queue:
         await conn.execute(_SQL["vacuum_session"])
         await conn.execute(_SQL["vacuum"])
 
-    async def cursor_lost(self, job_id: int) -> str | None:
+    async def cursor_lost(self, job_id: int, *, tenant_slug: str | None = None) -> str | None:
         """Why an event stream resuming after job ``job_id`` cannot know what
         it missed ("pruned": the job was deleted by retention; "requeued":
         it was re-queued since it finished; "later_pruned": a job that
-        finished after it was), or None if it can."""
-        lost = await self.db.fetchval(_SQL["cursor_lost"], int(job_id))
+        finished after it was), or None if it can. With ``tenant_slug``,
+        another tenant's job is an unknown id."""
+        lost = await self.db.fetchval(_SQL["cursor_lost"], int(job_id), tenant_slug)
         return None if lost is None else str(lost)
 
     # -- operators -------------------------------------------------------------

@@ -1403,6 +1403,27 @@ async def test_events_resume_after_a_requeued_job_says_so(env: Env) -> None:
         assert "re-queued" in got[-1].data["reason"]
 
 
+async def test_a_resume_from_another_tenants_job_tells_nothing_about_it(env: Env) -> None:
+    """Last-Event-ID may name any job id: whether another tenant's job was
+    re-queued since must not show (the stream said "resync ... re-queued"
+    for globex's job to an acme client: found by a security audit)."""
+    globex = await env.failed_job("globex")
+    answer = await env.client.post(f"/jobs/{globex}/retry", env.tokens.globex)
+    assert answer.status_code == 200
+    with trio.fail_after(30):
+        while (await env.queue.status(globex)).status != JobStatus.FAILED:
+            await trio.sleep(0.02)
+    async with open_events(env, env.tokens.acme, last_id=f"0.{globex}") as events:
+        opened = await events.next()
+        assert opened.event == "open"
+        assert [(e.event, e.data) for e in await events.quiet(1.0)] == []
+    # The same cursor, for globex's own stream, says what became of it.
+    async with open_events(env, env.tokens.globex, last_id=f"0.{globex}") as events:
+        await events.next()
+        resync = await events.next()
+        assert resync.event == "resync" and "re-queued" in resync.data["reason"]
+
+
 async def test_events_resume_after_later_jobs_were_pruned_says_so(env: Env) -> None:
     """A failed job is kept longer than succeeded ones: the cursor survived
     pruning, a job that finished after it did not, and the replay skipped it
