@@ -99,19 +99,27 @@ def encode_payload(payload: object) -> str:
     return text
 
 
-#: Control characters other than tab and line feed.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
+#: Control characters other than tab and line feed, and lone surrogates.
+_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
 
 
 def storable_text(text: str, limit: int) -> str:
     """Text from outside (a server's answer, a handler's error) for a text
-    column read by people: Postgres refuses a NUL in text, and a control
-    character garbles a terminal, so each is written as an escape (``\\x00``);
-    past ``limit`` characters the rest is cut, and the cut says how much."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    column read by people: Postgres refuses a NUL in text, a control
+    character garbles a terminal, and a lone surrogate (JSON may carry
+    ``"\\udcff"``) cannot be encoded at all, which failed the whole ack and
+    the worker with it (a retry-loop audit). Each is written as an escape
+    (``\\x00``, ``\\udcff``); past ``limit`` characters the rest is cut, and
+    the cut says how much."""
+    text = _UNSTORABLE.sub(_escape, text)
     if len(text) <= limit:
         return text
     return text[:limit] + f"... [{len(text) - limit} characters cut]"
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\u{code:04x}" if code > 0xFF else f"\\x{code:02x}"
 
 
 def _contains_nul(value: object) -> bool:

@@ -400,11 +400,19 @@ class Settings:
 def _check_url_ports(url: str) -> None:
     """A malformed host:port is the user's to fix (exit 2), not a crash deep
     inside the driver. Each host of a multi-host URL is checked."""
-    hosts = urlsplit(url).netloc.rpartition("@")[2]
+    netloc = urlsplit(url).netloc
+    hosts = netloc.rpartition("@")[2]
     for host in hosts.split(","):
         try:
             _ = urlsplit("//" + host).port  # raises ValueError if malformed
         except ValueError:
+            if "@" not in netloc and "@" in url.partition("://")[2]:
+                # The host part ended at a "/", "?" or "#" before an "@":
+                # perhaps inside the password, which the "host" then holds.
+                raise ConfigurationError(
+                    "database_url (NEXARCH_DATABASE_URL): the port is not a number, or the "
+                    "user or password holds a '/', '?' or '#' (percent-encode it: %2F, %3F, "
+                    "%23); the host part is not shown, as it may hold the password") from None
             raise ConfigurationError(
                 f"database_url (NEXARCH_DATABASE_URL): the port in {host[:60]!r} is not a "
                 "number 0..65535; e.g. postgresql://user@host:5432/dbname") from None

@@ -23,6 +23,8 @@ scrubbing misses quoted passwords; its logger is capped at WARNING here.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 import math
 import re
@@ -160,6 +162,8 @@ class ImapSession:
         self._protocol = protocol
         self._lost = lost
         self._broken: str | None = None
+        #: What sign-in sent that must never appear in an error (see _redact).
+        self._secrets: tuple[str, ...] = ()
 
     # -- opening -----------------------------------------------------------
 
@@ -171,6 +175,7 @@ class ImapSession:
         user_arg, password_arg = quote(username), quote(password)
 
         async def login(session: ImapSession) -> str | None:
+            session._keep_secret(password, password_arg)
             result, lines = await session._call(session._command_sync, "LOGIN", user_arg,
                                                 password_arg, scrub=password_arg)
             return None if result == "OK" else f"login as {username!r} refused: {_text(lines)}"
@@ -186,6 +191,7 @@ class ImapSession:
         async def authenticate(session: ImapSession) -> str | None:
             caps = session.capabilities
             mechanism, initial, ack = login.credential(caps, endpoint.host, endpoint.port)
+            session._keep_secret(initial, *_sasl_secrets(initial))
             result, lines, challenges = await session._call(
                 session._authenticate, mechanism, initial, ack, "SASL-IR" in caps)
             if result == "OK":
@@ -213,13 +219,15 @@ class ImapSession:
                 s.abort()
             raise ImapUnavailable(f"{endpoint.describe()}: no greeting within "
                                   f"{endpoint.timeout:g} s") from None
-        except BaseException:
+        except BaseException as exc:
             for s in holder:
                 s.abort()
+                if isinstance(exc, ImapError):
+                    s._scrub(exc)
             raise
         if refused is not None:
             session.abort()
-            raise ImapAuthError(f"{endpoint.describe()}: {refused}")
+            raise ImapAuthError(f"{endpoint.describe()}: {session._redact(refused)}")
         protocol.state = aioimaplib.AUTH
         await session._refresh_capabilities()
         return session
@@ -402,8 +410,32 @@ class ImapSession:
         # The last part is the tagged completion's text.
         return lines[:-1]
 
+    def _keep_secret(self, *secrets: str) -> None:
+        self._secrets = tuple(s for s in {*self._secrets, *secrets} if len(s) >= 4)
+
+    def _redact(self, text: str) -> str:
+        """``text`` without what sign-in sent (a password, a token): an
+        error text is stored, logged and shown by the API. aioimaplib puts a
+        command with its arguments into some of its errors, and a hostile
+        server may echo what it was sent."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _scrub(self, exc: ImapError) -> ImapError:
+        exc.args = tuple(self._redact(a) if isinstance(a, str) else a for a in exc.args)
+        return exc
+
     async def _call(self, fn: Callable[..., Awaitable[T]], *args: object,
                     limit: float | None = None, scrub: str | None = None) -> T:
+        try:
+            return await self._call_unscrubbed(fn, *args, limit=limit, scrub=scrub)
+        except ImapError as exc:
+            self._scrub(exc)
+            raise
+
+    async def _call_unscrubbed(self, fn: Callable[..., Awaitable[T]], *args: object,
+                               limit: float | None = None, scrub: str | None = None) -> T:
         if self._broken is not None:
             raise ImapUnavailable(f"{self.endpoint.describe()}: session unusable "
                                   f"({self._broken})")
@@ -424,7 +456,7 @@ class ImapSession:
         except ImapError:
             raise
         except Exception as exc:
-            self._break(f"{type(exc).__name__}: {exc}")
+            self._break(_describe(exc))
             error = _translate(self.endpoint, exc)
             bye = self._protocol.bye
             refused = self._protocol.refused
@@ -433,7 +465,9 @@ class ImapSession:
                                         f"client: {refused}")
             elif bye and type(error) is ImapUnavailable:
                 error = ImapUnavailable(f"{error} (the server said BYE: {bye})")
-            raise error from exc
+            # aioimaplib's exception stays out of the chain: its text quotes
+            # the command, and a traceback of this error may be logged.
+            raise error from (None if _quotes_commands(exc) else exc)
 
     def _break(self, why: str) -> None:
         if self._broken is None:
@@ -644,6 +678,7 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
         view = memoryview(raw)  # literal slices without copies
         cmd: Any = self.current_command  # type: ignore[has-type]
         pos = 0
+        line = b""
         try:
             while True:
                 if self._skip:
@@ -692,7 +727,10 @@ class _Protocol(aioimaplib.IMAP4ClientProtocol):  # type: ignore[misc]
             # E.g. a tagged reply to no command sent: raised out of here, it
             # reached asyncio as a fatal transport error and the session
             # ended as "closed by the server". Ours to close, with the reason.
-            self._refuse(f"the server broke the protocol: {str(exc)[:200]}")
+            # Not aioimaplib's text: it quotes the pending command, LOGIN's
+            # password included. The line the server sent says what happened.
+            self._refuse(f"the server broke the protocol ({type(exc).__name__}) with the line "
+                         f"{_one_line(bytes(line))[:200]!r}")
         else:
             self.incomplete_line = b""
             self.current_command = None
@@ -802,14 +840,45 @@ def _translate(endpoint: ImapEndpoint, exc: BaseException) -> ImapError:
     if isinstance(exc, ssl.SSLError):
         return ImapTlsError(f"{where}: TLS failed: {exc}")
     if isinstance(exc, (OSError, EOFError, asyncio.TimeoutError, aioimaplib.CommandTimeout)):
-        return ImapUnavailable(f"{where}: connection lost: {type(exc).__name__}: {exc}")
+        return ImapUnavailable(f"{where}: connection lost: {_describe(exc)}")
     if isinstance(exc, aioimaplib.AioImapException):
-        return ImapUnavailable(f"{where}: protocol state lost: {exc}")
-    return ImapUnavailable(f"{where}: {type(exc).__name__}: {exc}")
+        return ImapUnavailable(f"{where}: protocol state lost: {_describe(exc)}")
+    return ImapUnavailable(f"{where}: {_describe(exc)}")
+
+
+def _quotes_commands(exc: BaseException) -> bool:
+    """aioimaplib's exceptions: their texts quote the command, arguments
+    and all (LOGIN's password)."""
+    return isinstance(exc, (aioimaplib.AioImapException, aioimaplib.CommandTimeout))
+
+
+def _describe(exc: BaseException) -> str:
+    """An exception for an error text: aioimaplib's by type only."""
+    if _quotes_commands(exc):
+        return type(exc).__name__
+    return f"{type(exc).__name__}: {exc}"
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _one_line(raw: bytes) -> str:
+    """A server's text as one line: control characters (a bare LF would
+    start a forged line in a log) written as escapes."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", raw.decode("utf-8", "replace"))
+
+
+def _sasl_secrets(initial: str) -> list[str]:
+    """The token inside a base64 SASL initial response (XOAUTH2,
+    OAUTHBEARER: ``auth=Bearer <token>``), for _redact."""
+    try:
+        decoded = base64.b64decode(initial, validate=True).decode("utf-8", "replace")
+    except (ValueError, binascii.Error):
+        return []
+    return re.findall(r"auth=Bearer ([^\x01]+)", decoded)
 
 
 def _text(lines: list[ReplyPart]) -> str:
     if not lines:
         return "(no text)"
-    last = lines[-1]
-    return bytes(last).decode("utf-8", "replace")[:300]
+    return _one_line(bytes(lines[-1]))[:300]

@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -55,11 +56,28 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class KvFormatter(logging.Formatter):
+    """``key=value`` lines (the default). The message is one line whatever
+    it quotes: a server's or a client's text with a CR or LF in it would
+    otherwise start a line of its own that reads like a record (a forged
+    one). Control characters are written as escapes; a traceback, appended
+    after the message, keeps its lines."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _LOG_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}",
+                                super().formatMessage(record))
+
+
+_LOG_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+
+
 def configure_logging(level: str, fmt: str = "kv") -> None:
     """Structured lines on stderr: key=value (default) or JSON."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(
-        "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KvFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))

@@ -307,10 +307,17 @@ class TokenSource:
         except httpx.TransportError as exc:
             # The message of a transport error names the host, not the body.
             raise OAuthUnavailable(f"{where}: {type(exc).__name__}: {exc}") from None
+        except httpx.HTTPError as exc:
+            # E.g. a body that does not decode as its Content-Encoding says:
+            # the provider's fault, never the service's end (it exited 70,
+            # after every restart: a retry-loop audit).
+            raise OAuthUnavailable(f"{where}: the answer cannot be read "
+                                   f"({type(exc).__name__})") from None
         issued_at = self._clock()
         body = _json_object(response)
         if response.status_code != 200:
-            raise _refusal_or_outage(where, response, body)
+            raise _refusal_or_outage(where, response, body,
+                                     [v for k, v in form.items() if k in _SECRET_FIELDS])
         if body is None:
             raise OAuthUnavailable(f"{where} answered 200 without a JSON object")
         token = body.get("access_token")
@@ -354,11 +361,27 @@ def _shown(value: object, limit: int = 200) -> str:
     return _SHOWN.sub(" ", str(value))[:limit].strip()
 
 
-def _refusal_or_outage(where: str, response: httpx.Response,
-                       body: dict[str, object] | None) -> OAuthRefused | OAuthUnavailable:
+#: Form fields whose values are secrets: a provider may echo the request in
+#: its error text, which is logged and stored as the mailbox's last_error.
+_SECRET_FIELDS = frozenset({"client_secret", "client_assertion", "refresh_token"})
+
+
+def _refusal_or_outage(where: str, response: httpx.Response, body: dict[str, object] | None,
+                       sent: list[str]) -> OAuthRefused | OAuthUnavailable:
+    """The provider's error, with whatever secret it echoes from ``sent``
+    left out (before the text is cut to length: a cut secret matches no
+    more)."""
+
+    def said_by(key: str) -> str:
+        text = str(body.get(key, "")) if body else ""
+        for secret in sent:
+            if len(secret) >= 4:
+                text = text.replace(secret, "***")
+        return _shown(text)
+
     status = response.status_code
-    code = _shown(body.get("error", "")) if body else ""
-    detail = _shown(body.get("error_description", "")) if body else ""
+    code = said_by("error")
+    detail = said_by("error_description")
     said = f"{code}: {detail}" if code and detail else code or detail or f"HTTP {status}"
     if status == 429 or status >= 500:
         return OAuthUnavailable(f"{where} is unavailable (HTTP {status}): {said}",

@@ -19,7 +19,7 @@ from enum import StrEnum
 from ..aio import Database, Executor, Row
 from ..db import sqlfiles
 from ..errors import InvalidJobError, NexarchError
-from ..index.base import IndexBackend, InvalidQuery
+from ..index.base import IndexBackend, IndexRejected, InvalidQuery
 from ..models import validate_tenant_slug
 from . import audit
 from .matching import TooManyMatches, check_query, find_ids
@@ -172,8 +172,8 @@ class Holds:
     async def query_held(self, tenant_slug: str, ids: Iterable[int]) -> dict[int, set[int]]:
         """What the tenant's active query holds find now among ``ids``:
         archive id -> hold ids. Raises UnevaluableHold for a hold whose
-        query cannot be evaluated: grown too broad, or refused by today's
-        parser (it was validated when added). Held mail cannot be told
+        query cannot be evaluated: grown too broad, refused by today's
+        parser (it was validated when added) or by the search server. Held mail cannot be told
         apart then, so no mail of the tenant may be erased: an erasure
         cannot be undone, a hold that keeps too much can be narrowed."""
         wanted = set(ids)
@@ -181,7 +181,9 @@ class Holds:
         for row in await self.db.fetch(_SQL["query_holds"], tenant_slug):
             try:
                 found = await find_ids(self.backend, tenant_slug, row["query"])
-            except (InvalidQuery, TooManyMatches) as exc:
+            except (InvalidQuery, TooManyMatches, IndexRejected) as exc:
+                # IndexRejected: the search server refuses the query (a 4xx,
+                # an ACL): no better than a query it cannot parse.
                 raise UnevaluableHold(
                     f"legal hold #{row['id']} of tenant {tenant_slug!r} cannot be evaluated "
                     f"({exc}): no mail of the tenant is erased until the hold is removed "

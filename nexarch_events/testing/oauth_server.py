@@ -47,8 +47,14 @@ class TokenEndpoint:
     rotate: bool = False
     #: Answer every request with this OAuth error (``invalid_grant`` ...) and 400.
     refuse: str | None = None
+    #: With ``refuse``: the error_description quotes the request's form,
+    #: secrets and all (some providers' diagnostics do).
+    echo_form: bool = False
     #: Answer every request with this HTTP status (e.g. 503) instead.
     fail_status: int | None = None
+    #: Answer 200 with ``Content-Encoding: gzip`` on a body that is not gzip
+    #: (a broken proxy or provider): the client cannot decode it.
+    garbled_encoding: bool = False
     retry_after: int | None = None
     #: Whose tokens these are: what the introspection endpoint reports as
     #: ``username`` (an IMAP server validating a token asks it).
@@ -93,6 +99,8 @@ class TokenEndpoint:
                     return
                 status, headers, payload = self._answer(request, body)
                 data = json.dumps(payload).encode()
+                if self.garbled_encoding:
+                    headers = [*headers, ("content-encoding", "gzip")]
                 headers = [("content-type", "application/json"),
                            ("content-length", str(len(data))), *headers]
                 await stream.send_all(conn.send(h11.Response(status_code=status,
@@ -122,8 +130,10 @@ class TokenEndpoint:
             extra = [("retry-after", str(self.retry_after))] if self.retry_after else []
             return self.fail_status, extra, {"error": "temporarily_unavailable"}
         if self.refuse is not None:
-            return 400, [], {"error": self.refuse,
-                             "error_description": "refused by the test endpoint"}
+            said = "refused by the test endpoint"
+            if self.echo_form:
+                said += ": invalid request " + " ".join(f"{k}={v}" for k, v in form.items())
+            return 400, [], {"error": self.refuse, "error_description": said}
         if form.get("client_id") != self.client_id:
             return 400, [], {"error": "invalid_client", "error_description": "unknown client"}
         grant = form.get("grant_type")

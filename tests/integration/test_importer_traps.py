@@ -591,8 +591,8 @@ async def test_a_reply_the_client_cannot_place_ends_the_session_with_the_reason(
     async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
         with trio.fail_after(20), pytest.raises(ImapUnavailable) as failed:
             await sync(db, server)
-        assert "connection closed by this client: the server broke the protocol: " \
-               "unexpected tagged" in str(failed.value)
+        assert "connection closed by this client: the server broke the protocol (Abort) " \
+               "with the line 'Z999 OK Fetch completed.'" in str(failed.value)
         assert not [r for r in caplog.records if "data_received" in r.getMessage()]
         server.faults.stray_tagged_reply = False
         await sync(db, server)

@@ -245,6 +245,48 @@ async def test_a_query_hold_that_no_longer_parses_holds_its_whole_tenant(
     assert sorted(await archive.ids("acme")) == sorted([recorded, later, other])
 
 
+async def test_a_search_server_that_refuses_a_hold_query_stops_only_its_tenant(
+        db: Database, fast_settings: QueueSettings) -> None:
+    """Manticore answered the hold's search with 403 (a changed ACL, a proxy):
+    IndexRejected escaped the retention task and the service exited, at
+    every start (a retry-loop audit). The hold cannot be evaluated: its
+    tenant's pass stops with the reason, the others' go on. Manticore is
+    the stand-in here (tests/support/manticore_standin.py), answering as
+    the real server's HTTP API does, with the 403 injected."""
+    from nexarch_events.index.manticore import ManticoreBackend
+    from tests.support.manticore_standin import open_manticore_standin
+
+    old = "Mon, 01 Jan 2001 00:00:00 +0000"
+    async with open_manticore_standin() as standin:
+        backend = ManticoreBackend(standin.url)
+        service = QueueService(db, Settings(queue=fast_settings),
+                               Indexer(db, backend).handlers())
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                env = Env(db, backend, service.queue)
+                archive = Archive(db)
+                kept = (await archive.store("acme", mail("budget", old))).archive_id
+                zeta = (await archive.store("zeta", mail("zeta-old", old))).archive_id
+                await env.settle()
+                await Holds(db, backend).add("acme", "query", query="other", reason="case",
+                                             actor="legal")
+                standin.answer_next(403, {"error": "permission denied"}, count=50,
+                                    endpoint="/search")
+                results = await Retention(db, backend, RetentionSettings(
+                    days=(("acme", 30), ("zeta", 30)))).run_pass(
+                    datetime(2025, 1, 1, tzinfo=UTC)) or []
+                nursery.cancel_scope.cancel()
+        finally:
+            await backend.aclose()
+    by_tenant = {r.tenant_slug: r for r in results}
+    assert by_tenant["zeta"].erased == (zeta,)
+    assert by_tenant["acme"].erased == ()
+    error = by_tenant["acme"].error
+    assert error is not None and "cannot be evaluated" in error and "403" in error
+    assert await archive.ids("acme") == [kept]
+
+
 async def test_one_pass_at_a_time(env: Env) -> None:
     await set_policy(env.db, "acme", 30, actor="ops")
     retention = Retention(env.db, env.backend, RetentionSettings())

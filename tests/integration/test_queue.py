@@ -166,6 +166,18 @@ async def test_long_errors_are_clipped_and_nul_is_escaped(queue: Queue) -> None:
     assert len(error) < 4100 and error.endswith("characters cut]")
 
 
+async def test_an_error_with_a_lone_surrogate_is_recorded(queue: Queue) -> None:
+    """A search server's JSON error may carry "\\udcff": the ack could not
+    encode it, and the worker died of it, again after every restart (a
+    retry-loop audit)."""
+    job_id = await queue.enqueue_index("acme", "m1", {})
+    job = await queue.dequeue("w")
+    await queue.fail(job, "internal error \udcff from the index", permanent=True)
+    status = await queue.status(job_id)
+    assert status.status is JobStatus.FAILED
+    assert status.last_error == "internal error \\udcff from the index"
+
+
 # -- operators: re-queue and statistics ---------------------------------------------
 
 async def _fail_permanently(queue: Queue, tenant: str, message_id: str,

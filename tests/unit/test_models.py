@@ -55,6 +55,8 @@ def test_storable_text_escapes_controls_and_says_what_it_cut() -> None:
     # The importer's state and the queue's last_error share this rule.
     assert storable_text("line one\n\tline two", 100) == "line one\n\tline two"
     assert storable_text("a\x00b\x07c\rd\x7f", 100) == "a\\x00b\\x07c\\x0dd\\x7f"
+    assert storable_text("a\udcffb\ud800", 100) == "a\\udcffb\\ud800"
+    assert storable_text("a\udcffb", 100).encode()  # encodable, as Postgres needs
     clipped = storable_text("é" * 30, 10)
     assert clipped == "é" * 10 + "... [20 characters cut]"
     # The escapes count toward the limit: what is stored is what is measured.

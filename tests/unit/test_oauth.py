@@ -165,6 +165,36 @@ async def test_an_unreachable_endpoint_is_unavailable(endpoint: TokenEndpoint) -
             await tokens.token()
 
 
+@pytest.mark.parametrize("refresh", [False, True])
+async def test_a_provider_that_echoes_the_request_puts_no_secret_in_the_error(
+        endpoint: TokenEndpoint, refresh: bool) -> None:
+    """The provider's error text is logged and stored as the mailbox's
+    last_error: what it echoes of the client secret or the refresh token
+    is left out (found by a security audit)."""
+    endpoint.refuse, endpoint.echo_form = "invalid_client", True
+    async with source(endpoint, Clock(), refresh=refresh) as tokens:
+        with pytest.raises(OAuthRefused) as refused:
+            await tokens.token()
+    text = str(refused.value)
+    assert "invalid request client_id=" in text and "client_secret=***" in text, text
+    assert SECRET not in text and REFRESH not in text
+    assert ("refresh_token=***" in text) is refresh
+
+
+async def test_an_answer_that_cannot_be_decoded_is_an_outage(endpoint: TokenEndpoint) -> None:
+    """A 200 whose body is not the gzip its Content-Encoding names raised
+    httpx.DecodingError out of the token source, and the service exited
+    70 at every start (a retry-loop audit): it is the provider's fault."""
+    endpoint.garbled_encoding = True
+    clock = Clock()
+    async with source(endpoint, clock) as tokens:
+        with pytest.raises(OAuthUnavailable, match=r"cannot be read \(DecodingError\)"):
+            await tokens.token()
+        endpoint.garbled_encoding = False
+        clock.now += 61  # past the retry floor
+        assert endpoint.is_valid(await tokens.token())
+
+
 async def test_concurrent_callers_share_one_request(endpoint: TokenEndpoint) -> None:
     clock = Clock()
     got: list[str] = []

@@ -66,3 +66,25 @@ def test_runs_at_once_leave_the_pool_room_for_the_rest(pool_size: int, max_runs:
 
     settings = Settings(pool_size=pool_size, importer=ImportSettings(max_runs=max_runs))
     assert import_settings(settings).max_runs == expected
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://alice:HUNTER2pw/xyz@db.example:5432/archive",
+    "postgresql://alice:HUNTER2pw#x@db.example:5432/archive",
+    "postgresql://alice:HUNTER2pw?x@db.example:5432/archive",
+])
+def test_a_password_that_breaks_the_url_is_not_quoted_in_the_error(url: str) -> None:
+    """urlsplit ends the host part at the "/", "?" or "#" inside the
+    password, and the "port" is then the password: it was quoted in the
+    error, which goes to the terminal and the logs (a security audit)."""
+    with pytest.raises(ConfigurationError) as bad:
+        Settings.from_env({"NEXARCH_DATABASE_URL": url})
+    assert "HUNTER2pw" not in str(bad.value)
+    assert "percent-encode" in str(bad.value)
+
+
+def test_a_bad_port_is_still_named() -> None:
+    with pytest.raises(ConfigurationError, match=r"the port in 'db\.example:54x2' is not a number"):
+        Settings.from_env({"NEXARCH_DATABASE_URL": "postgresql://db.example:54x2/archive"})
+    # An "@" in the query (a password parameter) is no user part.
+    Settings.from_env({"NEXARCH_DATABASE_URL": "postgresql://db.example/archive?password=p@ss"})
