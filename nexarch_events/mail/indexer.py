@@ -52,16 +52,24 @@ class NotAnArchiveId(ValueError):
     pass
 
 
+#: Archive ids are Postgres bigints.
+MAX_ARCHIVE_ID = 2**63 - 1
+
+
 def archive_id_of(job: ClaimedJob) -> int:
-    """Jobs for archived mail carry the archive id as their queue key."""
-    try:
-        value = int(job.message_id)
-    except ValueError:
+    """Jobs for archived mail carry the archive id as their queue key: ASCII
+    digits (``int()`` alone also takes " 7", "+7" and "1_0"), 1..2^63-1. A
+    larger number failed the database statement of the whole batch, every
+    tenant's jobs in it, until all had failed (a retry-loop audit)."""
+    key = job.message_id
+    if not (key.isascii() and key.isdigit()):
         raise NotAnArchiveId(
-            f"message id {job.message_id[:80]!r} is not an archive id "
-            "(index and delete jobs name the archived message by its id)") from None
-    if value < 1:
-        raise NotAnArchiveId(f"archive id {value} is not positive")
+            f"message id {key[:80]!r} is not an archive id "
+            "(index and delete jobs name the archived message by its id)")
+    value = int(key[:30])
+    if not 1 <= value <= MAX_ARCHIVE_ID or len(key) > 30:
+        raise NotAnArchiveId(f"archive id {key[:30]}{'...' if len(key) > 30 else ''} is out "
+                             f"of range (1..{MAX_ARCHIVE_ID})")
     return value
 
 

@@ -176,6 +176,28 @@ async def test_jobs_that_do_not_name_an_archive_fail_clearly(pipeline: Pipeline)
     assert first.last_error is not None and "is not an archive id" in first.last_error
 
 
+async def test_an_archive_id_out_of_range_fails_its_job_not_the_batch(
+        pipeline: Pipeline) -> None:
+    """An id above 2^63-1 failed the batch's database statement: every job
+    of the batch, other tenants' too, was retried and failed with it (a
+    retry-loop audit). Now it fails alone, for good, saying why."""
+    stored = [await pipeline.archive.store("acme", raw)
+              for raw in realistic_messages(5, seed=7)]
+    await pipeline.wait_jobs({s.job_id for s in stored if s.job_id is not None})
+    bad = ["99999999999999999999", "9223372036854775808", "1_0", "+7", " 7", "0"]
+    ids = await pipeline.queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", str(s.archive_id), {}) for s in stored]
+        + [NewJob(JobType.INDEX, "evil", key, {}) for key in bad]
+        + [NewJob(JobType.DELETE, "evil", bad[0], {})])
+    outcomes = await pipeline.wait_jobs(set(ids))
+    assert [outcomes[i] for i in ids] == ["succeeded"] * 5 + ["failed"] * (len(bad) + 1)
+    for job_id in ids[5:]:
+        status = await pipeline.queue.status(job_id)
+        assert status.attempts == 1, status  # permanent: no retry
+        assert status.last_error is not None and (
+            "out of range" in status.last_error or "is not an archive id" in status.last_error)
+
+
 async def test_reindex_rebuilds_and_verify_reports(db: Database,
                                                    fast_settings: QueueSettings) -> None:
     settings = Settings(queue=fast_settings).with_queue(drain_interval=60.0)
