@@ -356,8 +356,9 @@ class ImapSession:
         return await self._ok("NOOP", self._command_async, "NOOP")
 
     async def idle(self, max_wait: float) -> list[bytes]:
-        """IDLE until the server pushes something or ``max_wait`` passes, then
-        DONE. Returns the pushed lines (empty on timeout). A BYE, a cut or a
+        """IDLE until the server pushes something other than an untagged OK
+        (a keepalive) or ``max_wait`` passes, then DONE. Returns the pushed
+        lines (none but keepalives on timeout). A BYE, a cut or a
         server that does not confirm DONE raises ImapUnavailable."""
         if "IDLE" not in self.capabilities:
             raise ImapCommandError(f"{self.endpoint.describe()}: server has no IDLE")
@@ -554,11 +555,20 @@ class ImapSession:
                 raise ImapCommandError(f"IDLE answered {response.result}: "
                                        f"{_text(list(response.lines))}")
             pushed: list[bytes] = []
-            try:
-                batch = await asyncio.wait_for(p.idle_queue.get(), max_wait)
+            ends = p.loop.time() + max_wait
+            # Untagged OK lines announce nothing about the mailbox (Dovecot's
+            # "* OK Still here" every 2 minutes): IDLE goes on. A server that
+            # sent one at once made every IDLE end at once, and each a sync:
+            # 120 syncs a second (a retry-loop audit).
+            while not pushed or all(_keepalive(line) for line in pushed):
+                left = ends - p.loop.time()
+                if left <= 0:
+                    break
+                try:
+                    batch = await asyncio.wait_for(p.idle_queue.get(), left)
+                except TimeoutError:
+                    break
                 pushed.extend(bytes(line) for line in batch)
-            except TimeoutError:
-                pass
             if any(line.upper().startswith(b"BYE") for line in pushed):
                 return pushed
             p.idle_done()
@@ -569,6 +579,11 @@ class ImapSession:
         finally:
             if not running.done():
                 running.cancel()
+
+
+def _keepalive(line: bytes) -> bool:
+    """An untagged OK during IDLE: a keepalive or a notice, no mail event."""
+    return line[:3].upper() in (b"OK", b"OK ")
 
 
 class _SaslCommand(aioimaplib.Command):  # type: ignore[misc]

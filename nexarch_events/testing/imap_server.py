@@ -97,6 +97,9 @@ class Faults:
     descending_fetch: bool = False  # FETCH replies in descending UID order
     cut_mid_literal_uid: int | None = None  # send half this BODY[] literal, then close
     bye_after_idle: Literal["close", "hang"] | None = None  # ``* BYE`` after ``+ idling``
+    # Sent at once after ``+ idling`` (e.g. ``* OK Still here``, Dovecot's
+    # keepalive, or a flag update ``* 1 FETCH (FLAGS (\\Seen))``).
+    idle_push: str | None = None
     silent_after: str | None = None  # at this command (e.g. "UID FETCH"): never answer again
     empty_fetch_uids: set[int] = field(default_factory=set)  # FETCH OK but no data for these
     no_idle_capability: bool = False  # IDLE not advertised (and answered BAD)
@@ -724,6 +727,8 @@ class ScriptedImapServer:
             if self.faults.bye_after_idle == "close":
                 raise _Disconnect
             await self._hang(connection)
+        if self.faults.idle_push is not None:
+            await connection.send(self.faults.idle_push)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._push_exists, connection)
             line = await connection.reader.readline()

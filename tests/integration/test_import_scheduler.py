@@ -87,6 +87,30 @@ async def test_idle_push_and_reconnect_after_bye(db: Database, bye: str) -> None
     assert [e.uid for e in rec.select()] == [1, 2, 3, 4]
 
 
+@pytest.mark.parametrize(("push", "most"), [("* OK Still here", 2),
+                                            ("* 1 FETCH (FLAGS (\\Seen))", 12)])
+async def test_a_server_that_pushes_at_once_after_every_idle_is_not_synced_in_a_loop(
+        db: Database, push: str, most: int) -> None:
+    """A push right after every IDLE ended each IDLE at once, and each was a
+    sync: 1,238 syncs in 10 s from one mailbox (a retry-loop audit). An
+    untagged OK is a keepalive (IDLE goes on); pushes whose syncs find
+    nothing are followed at a growing floor (doubling from 50 ms to the
+    "sync now" floor). Mail still comes in at once."""
+    async with open_scripted_imap(messages([1]), faults=Faults(idle_push=push)) as server, \
+            record_imports(db.dsn) as rec:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+        async with scheduler(db) as sched:
+            await rec.wait_for_imported(uid=1)
+            await wait_idle(sched)
+            examines = len([c for c in server.commands if "EXAMINE" in c])
+            await trio.sleep(3)
+            syncs = len([c for c in server.commands if "EXAMINE" in c]) - examines
+            assert syncs <= most, syncs
+            server.faults.idle_push = None
+            server.add_message(message(2))
+            await rec.wait_for_imported(uid=2, timeout=10)
+
+
 async def test_interval_when_the_server_has_no_idle(db: Database) -> None:
     async with open_scripted_imap(messages([1]), faults=Faults(no_idle_capability=True)) \
             as server, record_imports(db.dsn) as rec:
