@@ -40,7 +40,8 @@ Nothing a server says is taken on trust:
   stops (``_Run._fetch``).
 - Throttling (``NO [UNAVAILABLE]``, ``[THROTTLED]``, ``[LIMIT]``,
   ``[INUSE]``): the same command is repeated in the same session after the
-  server's suggested wait (capped by ``throttle_max_wait``), at most
+  server's suggested wait (at least ``throttle_min_wait``, at most
+  ``throttle_max_wait``), at most
   ``throttle_retries`` times; then the run fails with a "throttled" error.
 - ``* n EXISTS`` inside any reply (mail arrived while we were busy): another
   delta pass before the run ends, so an IDLE runner never re-enters IDLE
@@ -124,8 +125,11 @@ class ImportLimits:
     throttle_retries: int = 4
     #: ... after the server's suggested wait, capped at this many seconds ...
     throttle_max_wait: float = 60.0
-    #: ... or after this long when the server suggests nothing.
+    #: ... or after this long when the server suggests nothing; never
+    #: sooner than this (a suggested 0 ms was obeyed: five commands within
+    #: 2 ms, a retry-loop audit).
     throttle_default_wait: float = 5.0
+    throttle_min_wait: float = 1.0
     #: Delta passes per run while the server keeps announcing new mail.
     max_passes: int = 10
     #: After a cut reply the fetch window (messages per FETCH, at most
@@ -238,7 +242,7 @@ async def patiently(limits: ImportLimits, report: SyncReport,
                                     code=exc.code, wait=exc.wait) from None
             attempt += 1
             wait = exc.wait if exc.wait is not None else limits.throttle_default_wait
-            wait = max(0.0, min(wait, limits.throttle_max_wait))
+            wait = max(limits.throttle_min_wait, min(wait, limits.throttle_max_wait))
             log.info("mailbox %s/%s: server throttles (%s); retrying in %.1f s",
                      report.tenant_slug, report.mailbox_name, exc.code, wait)
             await trio.sleep(wait)

@@ -330,7 +330,8 @@ async def test_a_throttled_session_still_imports_everything(
     async with open_scripted_imap(messages(list(range(1, 61))), faults=faults) as server:
         with trio.fail_after(30):
             report = await run_sync(db.dsn, config_for(server), "secret", imap_timeout=3,
-                                    limits=ImportLimits(throttle_default_wait=0.1))
+                                    limits=ImportLimits(throttle_default_wait=0.1,
+                                                        throttle_min_wait=0.05))
         assert server.throttled == 1 and server.connections == 1
     assert report.throttled == 1  # type: ignore[attr-defined]
     st = await state(db)
@@ -338,13 +339,17 @@ async def test_a_throttled_session_still_imports_everything(
 
 
 async def test_a_server_that_stays_throttled_fails_the_run_clearly(db: Database) -> None:
+    """... and a suggested wait of 0 ms is not obeyed below the floor (five
+    commands within 2 ms before: a retry-loop audit)."""
     from nexarch_events.errors import ImapThrottled
 
-    faults = Faults(throttle_command="UID FETCH", throttle_times=1000, throttle_backoff_ms=20)
+    faults = Faults(throttle_command="UID FETCH", throttle_times=1000, throttle_backoff_ms=0)
     async with open_scripted_imap(messages([1, 2]), faults=faults) as server:
+        started = trio.current_time()
         with trio.fail_after(30), pytest.raises(ImapThrottled):
             await run_sync(db.dsn, config_for(server), "secret", imap_timeout=3,
-                           limits=ImportLimits(throttle_retries=3))
+                           limits=ImportLimits(throttle_retries=3, throttle_min_wait=0.3))
+        assert trio.current_time() - started >= 3 * 0.3
         assert server.throttled == 4  # the first try and three retries
     error = (await state(db)).last_error or ""
     assert error.startswith("throttled:") and "UNAVAILABLE" in error
