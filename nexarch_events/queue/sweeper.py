@@ -11,6 +11,7 @@ RESYNC pokes it to re-read that schedule. Times come from the database clock
 from __future__ import annotations
 
 import logging
+import math
 
 import trio
 
@@ -26,6 +27,11 @@ log = logging.getLogger(__name__)
 #: The least pause between two prune passes while a backlog is due, so a
 #: sweeper that keeps finding more never spins (seconds).
 MIN_PRUNE_PAUSE = 0.01
+#: Sweeps start at least this far apart, whatever pokes the sweeper: a
+#: flood of notifications with a due time (any sender may NOTIFY the
+#: channel) made 987 sweeps in 10 s (a retry-loop audit). Retries fall due
+#: this much late at most.
+MIN_SWEEP_GAP = 0.1
 
 
 class Sweeper:
@@ -36,6 +42,10 @@ class Sweeper:
         self.settings = settings or queue.settings
         self._workers = workers or self.settings.workers
         self._poked = trio.Event()
+        #: The wait past an expired heartbeat whose lease the last sweep
+        #: could not take (doubling while that lasts; see _sweep_once).
+        self._stuck = 0.0
+        self.sweeps = 0
         self.reclaimed = 0
         self.due_wakeups = 0
         self.pruned = 0
@@ -50,10 +60,15 @@ class Sweeper:
         next_prune = trio.current_time()
         outage = Outage("sweeper", log, max_delay=s.reconnect_max)
         task_status.started()
+        last_sweep = wake_at = -math.inf
         while True:
-            self._poked = trio.Event()
+            now = trio.current_time()
             try:
-                wake_at = await self._sweep_once()
+                if (self._poked.is_set() or now >= wake_at) \
+                        and now >= last_sweep + MIN_SWEEP_GAP:
+                    self._poked = trio.Event()
+                    last_sweep = now
+                    wake_at = await self._sweep_once()
                 if trio.current_time() >= next_prune:
                     more = await self.prune_some()
                     # A backlog is pruned pass after pass, with only a short
@@ -65,6 +80,7 @@ class Sweeper:
                     pause = MIN_PRUNE_PAUSE if more else s.prune_interval
                     next_prune = trio.current_time() + pause
             except DatabaseTransient as exc:
+                wake_at = -math.inf  # sweep again once it answers
                 await trio.sleep(outage.failed(exc))
                 continue
             outage.ok()
@@ -72,8 +88,13 @@ class Sweeper:
             if now >= next_drain:
                 self.wakeups.wake_all()
                 next_drain = now + s.drain_interval
-            with trio.move_on_at(min(wake_at, next_drain, next_prune)):
-                await self._poked.wait()
+            floor = last_sweep + MIN_SWEEP_GAP
+            sweep_at = floor if self._poked.is_set() else max(wake_at, floor)
+            with trio.move_on_at(min(sweep_at, next_drain, next_prune)):
+                if self._poked.is_set():
+                    await trio.sleep_forever()  # poked within the floor: until it
+                else:
+                    await self._poked.wait()
 
     async def prune_some(self, *, batch: int = 500, batches: int = 20) -> bool:
         """Delete finished jobs past their retention, ``batch`` rows per
@@ -90,6 +111,7 @@ class Sweeper:
     async def _sweep_once(self) -> float:
         """Reclaim, wake for what is due, and return when to look again."""
         s = self.settings
+        self.sweeps += 1
         reclaimed = await self.queue.reclaim_stale_jobs()
         if reclaimed:
             self.reclaimed += len(reclaimed)
@@ -116,6 +138,14 @@ class Sweeper:
             wake_at = min(wake_at, now + max((next_due - db_now).total_seconds(), 0.0))
         if oldest_heartbeat is not None:
             stale_at = (oldest_heartbeat - db_now).total_seconds() + s.stale_after
+            # Stale already, yet not reclaimed: another transaction holds the
+            # row (SKIP LOCKED passed it over). Looking again every 50 ms
+            # was 20 sweeps a second for as long as it held it (a retry-loop
+            # audit): the wait doubles, up to stale_after, until it moves.
+            self._stuck = min(s.stale_after, max(0.05, self._stuck * 2)) \
+                if stale_at <= 0 and not reclaimed else 0.0
             # A little past the threshold, so the reclaim query sees it stale.
-            wake_at = min(wake_at, now + max(stale_at, 0.0) + 0.05)
+            wake_at = min(wake_at, now + max(stale_at, 0.0) + max(0.05, self._stuck))
+        else:
+            self._stuck = 0.0
         return wake_at
