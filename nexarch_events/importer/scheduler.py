@@ -69,6 +69,8 @@ _FIRST_BACKOFF = 2.0
 #: previous run began: a burst of requests (a button clicked 20 times) is
 #: one or two runs, not one login each.
 REQUEST_MIN_GAP = 5.0
+#: Reloads of the mailbox list caused by requests start this far apart.
+REQUEST_RELOAD_GAP = 1.0
 #: The floor between IDLE-driven syncs of one mailbox: none while pushes
 #: bring mail; doubling from IDLE_GAP_MIN to IDLE_GAP_MAX while the server
 #: wakes the runner and the sync finds nothing (a server that pushes at
@@ -111,6 +113,9 @@ class ImportScheduler:
         self._runs = trio.CapacityLimiter(settings.max_runs or math.inf)
         self._runners: dict[Key, _Runner] = {}
         self._nursery: trio.Nursery | None = None
+        self._last_reload = -math.inf
+        #: Reads of the mailbox list (for tests and metrics).
+        self.reloads = 0
 
     @property
     def mailboxes(self) -> list[Key]:
@@ -144,6 +149,8 @@ class ImportScheduler:
         """Start runners for new or changed mailboxes, stop removed ones,
         wake those with a pending "sync now"."""
         assert self._nursery is not None
+        self._last_reload = trio.current_time()
+        self.reloads += 1
         wanted: dict[Key, MailboxConfig] = {}
         requested: set[Key] = set()
         for config, sync_requested in await MailboxRegistry(self.db).scheduled():
@@ -182,10 +189,15 @@ class ImportScheduler:
                                             str(payload.get("mailbox"))))
                 if runner is not None:
                     runner.wake()
-                else:  # registered after our last reload
-                    await self._reload_quietly()
-            else:  # RESYNC: requests may have been missed; the table knows
-                await self._reload_quietly()
+                    continue
+            # No runner (registered after our last reload, or not scheduled:
+            # disabled, removed), or RESYNC (requests may have been missed):
+            # the table knows. At most one reload per REQUEST_RELOAD_GAP:
+            # each reads every tenant's mailboxes, and requests for a
+            # disabled mailbox made one each, 670 a second (a retry-loop
+            # audit). Requests queue meanwhile; none is lost.
+            await trio.sleep_until(self._last_reload + REQUEST_RELOAD_GAP)
+            await self._reload_quietly()
 
     async def _reload_quietly(self) -> None:
         try:

@@ -111,6 +111,32 @@ async def test_a_server_that_pushes_at_once_after_every_idle_is_not_synced_in_a_
             await rec.wait_for_imported(uid=2, timeout=10)
 
 
+async def test_sync_requests_for_an_unscheduled_mailbox_do_not_reload_in_a_loop(
+        db: Database) -> None:
+    """A "sync now" for a mailbox with no runner (disabled) re-read every
+    tenant's mailboxes each time: 6,699 reloads in 10 s (a retry-loop
+    audit). At most one per REQUEST_RELOAD_GAP; a mailbox registered since
+    the last reload is still picked up by its request."""
+    from nexarch_events.importer.scheduler import REQUEST_RELOAD_GAP
+
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        registry = MailboxRegistry(db)
+        await registry.add(config(server, "off"), interval_seconds=3600)
+        await registry.set_enabled("acme", "off", False)
+        async with scheduler(db) as sched:  # which reloads every 0.5 s anyway
+            before = sched.reloads
+            started = trio.current_time()
+            for _ in range(300):
+                await StateStore(db).request_sync("acme", "off")
+            await trio.sleep(1.5)
+            elapsed = trio.current_time() - started
+            assert sched.reloads - before <= elapsed / 0.5 + elapsed / REQUEST_RELOAD_GAP + 2, \
+                sched.reloads - before
+            await registry.add(config(server, "new"), interval_seconds=3600)
+            await StateStore(db).request_sync("acme", "new")
+            await rec.wait_for_imported(uid=1, timeout=10)
+
+
 async def test_interval_when_the_server_has_no_idle(db: Database) -> None:
     async with open_scripted_imap(messages([1]), faults=Faults(no_idle_capability=True)) \
             as server, record_imports(db.dsn) as rec:
