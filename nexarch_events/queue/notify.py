@@ -177,10 +177,11 @@ class Listener:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen forever. Cancellation closes the connection and returns."""
         s = self.settings
-        delay = s.reconnect_min
         outage = Outage("listener", log, first_delay=s.reconnect_min, max_delay=s.reconnect_max)
         started = False
         while True:
+            connected_at: float | None = None
+            lost_by: DatabaseError = DatabaseUnavailable("the LISTEN connection ended")
             try:
                 conn = await ListenConnection.connect(
                     self.dsn, connect_timeout=s.listener_ping_timeout * 2,
@@ -211,8 +212,7 @@ class Listener:
                 self.connections += 1
                 if self.connections > 1:
                     self.reconnects += 1
-                delay = s.reconnect_min
-                outage.ok()
+                connected_at = trio.current_time()
                 log.info("listener connected backend_pid=%s channels=%s",
                          conn.backend_pid, ",".join(self.channels))
                 # Everything committed from here on is notified; whatever came
@@ -227,13 +227,19 @@ class Listener:
             except DatabaseError as exc:
                 # Whatever broke on this connection, the remedy is the same:
                 # a fresh connection, and a RESYNC for every subscriber.
-                log.warning("listener connection lost: %s", exc)
+                lost_by = exc
             finally:
                 self._connected = False
                 self._conn = None
                 conn.abort()
-            await trio.sleep(delay)
-            delay = min(delay * 2, s.reconnect_max)
+            # The backoff starts over only after a connection that lasted: one
+            # killed as soon as it listens (a watchdog, a failover loop) was
+            # reconnected every reconnect_min, each with a RESYNC for every
+            # subscriber and a WARNING (77 in 10 s: a retry-loop audit).
+            if connected_at is not None and \
+                    trio.current_time() - connected_at >= max(s.listener_ping_interval, 1.0):
+                outage.ok()
+            await trio.sleep(outage.failed(lost_by))
 
     async def _hears_itself(self, conn: ListenConnection) -> bool:
         """LISTEN on a channel of this connection's own, NOTIFY it from

@@ -529,6 +529,41 @@ async def _no_more_notifications(sub: Subscription, wait: float = 0.3) -> None:
         raise AssertionError(f"unexpected notification: {event}")
 
 
+async def test_a_listener_killed_as_soon_as_it_listens_backs_off(db: Database) -> None:
+    """A LISTEN connection killed right after each connect (a watchdog, a
+    failover loop) was reconnected every reconnect_min, each time with a
+    RESYNC for every subscriber and a WARNING: 77 in 10 s (a retry-loop
+    audit). The backoff starts over only after a connection that lasted."""
+    settings = QueueSettings(listener_ping_interval=1.0, listener_ping_timeout=1.0,
+                             reconnect_min=0.05, reconnect_max=1.0)
+    listener = Listener(db.dsn, settings, name="killed")
+    sub = listener.subscribe(JOB_EVENTS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        started = trio.current_time()
+        while trio.current_time() - started < 4.0:
+            pid = listener.backend_pid
+            if listener.connected and pid is not None:  # as soon as it listens
+                await db.execute("SELECT pg_terminate_backend($1)", pid)
+            await trio.sleep(0.005)
+        # 0.05 s doubling to 1 s: about 8 connections in 4 s (every 50 ms
+        # before: about 60). Each is a RESYNC.
+        assert listener.connections <= 10, listener.connections
+        resyncs = 0
+        while True:
+            with trio.move_on_after(0.05):
+                event = await sub.receive()
+                resyncs += event is RESYNC
+                continue
+            break
+        assert 1 <= resyncs <= 10
+        # Left alone, it stays up, and hears again.
+        with trio.fail_after(5):
+            while not listener.connected:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+
+
 async def test_enqueue_notifies_once_per_statement(queue: Queue, db: Database,
                                                    fast_settings: QueueSettings) -> None:
     listener = Listener(db.dsn, fast_settings)
