@@ -59,6 +59,11 @@ class DatabasePoolerError(DatabaseError, ConfigurationError):
     error (exit 2), found by the database."""
 
 
+class DatabaseUrlError(DatabaseError, ConfigurationError):
+    """The database URL's options are not valid (an unknown sslmode, a
+    certificate file that is not there): a configuration error (exit 2)."""
+
+
 class MigrationError(NexarchError):
     """The schema cannot be brought up to date (e.g. an applied migration changed)."""
 

@@ -213,7 +213,7 @@ class ApiSettings:
 @dataclass(frozen=True, slots=True)
 class Settings:
     #: None = the embedded Postgres in ``data_dir`` (see nexarch_events.db.embedded).
-    database_url: str | None = None
+    database_url: str | None = field(default=None, repr=False)  # holds a password
     #: A direct connection for the LISTEN connection, when database_url goes
     #: through a transaction pooler (PgBouncer pool_mode=transaction), where
     #: LISTEN cannot work. Setting it also turns asyncpg's prepared-statement
@@ -235,7 +235,7 @@ class Settings:
     #: "postgres" (full-text search in the same database) or "manticore".
     index_backend: str = "postgres"
     #: Manticore's HTTP API, e.g. http://manticore:9308 (index_backend=manticore).
-    manticore_url: str | None = None
+    manticore_url: str | None = field(default=None, repr=False)  # may hold one
     #: Seconds each phase of a Manticore request (connect, send, answer) may
     #: take: highlighting huge documents and large bulks need more than 10 s.
     manticore_timeout: float = 30.0

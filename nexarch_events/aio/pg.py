@@ -13,10 +13,13 @@ connection is then closed instead of going back to the pool.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, ParamSpec, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 import trio
@@ -28,6 +31,7 @@ from ..errors import (
     DatabaseRejected,
     DatabaseTransient,
     DatabaseUnavailable,
+    DatabaseUrlError,
 )
 
 log = logging.getLogger(__name__)
@@ -133,6 +137,10 @@ def translate(exc: BaseException) -> DatabaseError | None:
                 sqlstate=state)
         return error_class(state)(message, sqlstate=state or None,
                                   constraint=getattr(exc, "constraint_name", None))
+    if isinstance(exc, asyncpg.exceptions.ClientConfigurationError):
+        # The URL's options (sslmode=bogus, a missing sslrootcert): the
+        # operator's to fix, exit 2, not a bug's 70.
+        return DatabaseUrlError(f"the database URL's options are refused: {exc}")
     if isinstance(exc, asyncpg.exceptions.ConnectionDoesNotExistError):
         return DatabaseUnavailable(f"connection lost: {exc}")
     if isinstance(exc, asyncpg.InternalClientError):
@@ -203,7 +211,7 @@ class Connection(Executor):
         ``application_name`` names it in pg_stat_activity;
         ``statement_cache_size=0`` behind a transaction pooler."""
         with trio.fail_after(connect_timeout + 1):
-            conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
+            conn = await _hop(_connect, dsn, timeout=connect_timeout,
                               command_timeout=command_timeout,
                               statement_cache_size=statement_cache_size,
                               server_settings=_server_settings(application_name))
@@ -235,6 +243,47 @@ class Connection(Executor):
                 await _hop(tx.rollback)
             raise
         await _hop(tx.commit)
+
+
+def tls_default(dsn: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What to pass asyncpg for TLS when the URL says nothing: ``ssl=True``
+    (TLS required, certificate and host name verified against the system's
+    trust store) for a server that is not on this machine. asyncpg's own
+    default, "prefer", takes any certificate and falls back to plain text,
+    so an attacker on the path could answer "no TLS" and read the password
+    (a security audit). A URL with ``sslmode`` (or PGSSLMODE) decides for
+    itself: ``sslmode=disable`` on a trusted private network, ``require``
+    for TLS without verification, ``verify-full`` with ``sslrootcert``."""
+    env = os.environ if environ is None else environ
+    parts = urlsplit(dsn)
+    query = parse_qs(parts.query)
+    if "sslmode" in query or env.get("PGSSLMODE"):
+        return {}
+    hosts = [h for h in query.get("host", [])]
+    netloc = parts.netloc.rpartition("@")[2]
+    for host in netloc.split(","):
+        if host.startswith("["):
+            hosts.append(host[1:].partition("]")[0])
+        elif host:
+            hosts.append(unquote(host.rpartition(":")[0] if host.count(":") == 1 else host))
+    if not hosts:
+        hosts = [env.get("PGHOST", "")]
+    return {} if all(_on_this_machine(h) for h in hosts) else {"ssl": True}
+
+
+async def _connect(dsn: str, **options: Any) -> asyncpg.Connection:
+    """asyncpg.connect, with TLS verified by default (``tls_default``)."""
+    conn: asyncpg.Connection = await asyncpg.connect(dsn, **tls_default(dsn), **options)
+    return conn
+
+
+def _on_this_machine(host: str) -> bool:
+    if not host or host.startswith("/") or host == "localhost":
+        return True  # a Unix socket, or the loopback interface
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _server_settings(application_name: str | None) -> dict[str, str] | None:
@@ -303,7 +352,7 @@ class Database(Executor):
         def connector(url: str, cache: int, name: str | None) -> Callable[[], Awaitable[Any]]:
             async def connect() -> Any:
                 with trio.fail_after(connect_timeout + 1):
-                    return await _hop(asyncpg.connect, url, timeout=connect_timeout,
+                    return await _hop(_connect, url, timeout=connect_timeout,
                                       command_timeout=command_timeout,
                                       statement_cache_size=cache,
                                       server_settings=_server_settings(name))
@@ -465,7 +514,7 @@ class ListenConnection:
                       command_timeout: float | None = None,
                       application_name: str | None = None) -> ListenConnection:
         with trio.fail_after(connect_timeout + 1):
-            conn = await _hop(asyncpg.connect, dsn, timeout=connect_timeout,
+            conn = await _hop(_connect, dsn, timeout=connect_timeout,
                               command_timeout=command_timeout,
                               server_settings=_server_settings(application_name))
         return cls(conn)
@@ -502,7 +551,7 @@ def execute_sync(dsn: str, statements: Sequence[str]) -> None:
     running): for test fixtures and command-line set-up only."""
 
     async def go() -> None:
-        conn = await asyncpg.connect(dsn)
+        conn = await _connect(dsn)
         try:
             for statement in statements:
                 await conn.execute(statement)

@@ -88,3 +88,10 @@ def test_a_bad_port_is_still_named() -> None:
         Settings.from_env({"NEXARCH_DATABASE_URL": "postgresql://db.example:54x2/archive"})
     # An "@" in the query (a password parameter) is no user part.
     Settings.from_env({"NEXARCH_DATABASE_URL": "postgresql://db.example/archive?password=p@ss"})
+
+
+def test_the_settings_repr_shows_no_url_password() -> None:
+    settings = Settings.from_env({
+        "NEXARCH_DATABASE_URL": "postgresql://app:HUNTER2pw@db.example.org/archive",
+        "NEXARCH_MANTICORE_URL": "https://search:MANTI-pw@search.example.org:9308"})
+    assert "HUNTER2pw" not in repr(settings) and "MANTI-pw" not in repr(settings)
