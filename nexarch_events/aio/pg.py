@@ -210,12 +210,9 @@ class Connection(Executor):
         statement on it (a half-open socket raises DatabaseUnavailable);
         ``application_name`` names it in pg_stat_activity;
         ``statement_cache_size=0`` behind a transaction pooler."""
-        with trio.fail_after(connect_timeout + 1):
-            conn = await _hop(_connect, dsn, timeout=connect_timeout,
-                              command_timeout=command_timeout,
-                              statement_cache_size=statement_cache_size,
-                              server_settings=_server_settings(application_name))
-        return cls(conn)
+        return cls(await _open_conn(dsn, connect_timeout, command_timeout=command_timeout,
+                                    statement_cache_size=statement_cache_size,
+                                    server_settings=_server_settings(application_name)))
 
     async def aclose(self) -> None:
         """Close politely, bounded; drop the socket if that does not finish."""
@@ -269,6 +266,19 @@ def tls_default(dsn: str, environ: Mapping[str, str] | None = None) -> dict[str,
     if not hosts:
         hosts = [env.get("PGHOST", "")]
     return {} if all(_on_this_machine(h) for h in hosts) else {"ssl": True}
+
+
+async def _open_conn(dsn: str, connect_timeout: float, **options: Any) -> asyncpg.Connection:
+    """A new connection within ``connect_timeout`` (asyncpg's own timeout;
+    a second more on the trio side in case that one does not fire). Either
+    way, no connection in time is DatabaseUnavailable, which every task
+    backs off from, never a TooSlowError that ends the service."""
+    with trio.move_on_after(connect_timeout + 1):
+        conn: asyncpg.Connection = await _hop(_connect, dsn, timeout=connect_timeout,
+                                              **options)
+        return conn
+    raise DatabaseUnavailable(f"cannot reach Postgres: no connection within "
+                              f"{connect_timeout + 1:g} s")
 
 
 async def _connect(dsn: str, **options: Any) -> asyncpg.Connection:
@@ -351,11 +361,9 @@ class Database(Executor):
 
         def connector(url: str, cache: int, name: str | None) -> Callable[[], Awaitable[Any]]:
             async def connect() -> Any:
-                with trio.fail_after(connect_timeout + 1):
-                    return await _hop(_connect, url, timeout=connect_timeout,
-                                      command_timeout=command_timeout,
-                                      statement_cache_size=cache,
-                                      server_settings=_server_settings(name))
+                return await _open_conn(url, connect_timeout, command_timeout=command_timeout,
+                                        statement_cache_size=cache,
+                                        server_settings=_server_settings(name))
             return connect
 
         connect = connector(dsn, statement_cache_size, application_name)
@@ -513,11 +521,8 @@ class ListenConnection:
     async def connect(cls, dsn: str, *, connect_timeout: float,
                       command_timeout: float | None = None,
                       application_name: str | None = None) -> ListenConnection:
-        with trio.fail_after(connect_timeout + 1):
-            conn = await _hop(_connect, dsn, timeout=connect_timeout,
-                              command_timeout=command_timeout,
-                              server_settings=_server_settings(application_name))
-        return cls(conn)
+        return cls(await _open_conn(dsn, connect_timeout, command_timeout=command_timeout,
+                                    server_settings=_server_settings(application_name)))
 
     async def listen(self, channel: str, callback: Callable[[str, str], None]) -> None:
         def on_notification(_conn: object, _pid: int, chan: str, payload: object) -> None:

@@ -80,3 +80,22 @@ async def test_a_server_elsewhere_that_refuses_tls_never_gets_the_password(
     assert heard[0] == b"SSLRequest"
     assert not any(b"HUNTER2pw" in h for h in heard), heard
     assert any(b"OPTEDIN" in h for h in heard)
+
+
+async def test_a_server_that_never_answers_is_unavailable_not_a_crash(aio_loop: None) -> None:
+    """However the connect times out (asyncpg's timeout, or the trio bound
+    a second later), it is DatabaseUnavailable, which every task backs off
+    from; a trio.TooSlowError would end the service (a retry-loop audit
+    named the path)."""
+    from nexarch_events.errors import DatabaseUnavailable
+
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        with trio.fail_after(10), pytest.raises(DatabaseUnavailable):
+            await Connection.open(f"postgresql://alice@127.0.0.1:{port}/archive",
+                                  connect_timeout=0.5)
+        nursery.cancel_scope.cancel()
