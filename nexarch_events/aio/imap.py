@@ -396,7 +396,8 @@ class ImapSession:
         """``what`` names the command in errors, as an operator would type it."""
         result, lines = await self._call(fn, *args, limit=limit)
         if result != "OK":
-            message = f"{self.endpoint.describe()}: {what} answered {result}: {_text(lines)}"
+            message = self._redact(f"{self.endpoint.describe()}: {what} answered {result}: "
+                                   f"{_text(lines)}")
             last = bytes(lines[-1]) if lines else b""
             code = _THROTTLE_CODE.match(last)
             if result == "NO" and (code is not None or b"throttl" in last.lower()):
