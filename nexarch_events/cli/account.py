@@ -11,6 +11,7 @@ from typing import Any
 
 from ..aio import Database
 from ..aio import run as aio_run
+from ..db.migrations import ensure_current
 from ..settings import Settings
 from .common import EXIT_OK, Subparsers, jsonable
 from .mailbox import add_sign_in_arguments, sign_in_from_args
@@ -21,6 +22,7 @@ def _accounts_call(url: str, settings: Settings, fn: Any) -> Any:
 
     async def go() -> Any:
         async with Database.open(url, max_size=2, **settings.pool_options()) as db:
+            await ensure_current(db)
             return await fn(db, AccountRegistry(db))
 
     return aio_run(go)

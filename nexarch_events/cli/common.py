@@ -18,6 +18,7 @@ from typing import Any, TypeAlias
 
 from ..aio import Database
 from ..aio import run as aio_run
+from ..db.migrations import ensure_current
 from ..errors import ConfigurationError
 from ..settings import Settings
 
@@ -83,9 +84,10 @@ def with_index(url: str, settings: Settings, fn: Callable[[Any, Any], Any]) -> A
     from ..index.factory import open_index
 
     async def go() -> Any:
-        async with Database.open(url, max_size=4, **settings.pool_options()) as db, \
-                open_index(settings, db) as backend:
-            return await fn(db, backend)
+        async with Database.open(url, max_size=4, **settings.pool_options()) as db:
+            await ensure_current(db)
+            async with open_index(settings, db) as backend:
+                return await fn(db, backend)
 
     return aio_run(go)
 
@@ -95,6 +97,7 @@ def queue_call(url: str, settings: Settings, fn: Callable[[Any], Any]) -> Any:
 
     async def go() -> Any:
         async with Database.open(url, max_size=1, **settings.pool_options()) as db:
+            await ensure_current(db)
             return await fn(Queue(db, settings.queue))
 
     return aio_run(go)
@@ -106,6 +109,7 @@ def registry_call(url: str, settings: Settings, fn: Callable[[Any], Any], *,
 
     async def go() -> Any:
         async with Database.open(url, max_size=connections, **settings.pool_options()) as db:
+            await ensure_current(db)
             return await fn(MailboxRegistry(db))
 
     return aio_run(go)

@@ -112,3 +112,22 @@ def test_demo_port_option(database_url: str) -> None:
 
     assert build_parser().parse_args(["demo", "--port", "0"]).port == 0
     assert build_parser().parse_args(["demo"]).port is None
+
+
+@pytest.mark.parametrize("first", [
+    ("mailbox", "add", "acme", "alice-inbox", "--host", "imap.example.org", "--user", "alice",
+     "--password-env", "ALICE_PASSWORD", "--interval", "300"),
+    ("stats",),
+    ("hold", "list"),
+    ("account", "list"),
+])
+def test_the_first_command_on_a_new_database_migrates_it(
+        empty_database_url: str, first: tuple[str, ...]) -> None:
+    """README's "Importing mail" starts with `mailbox add`, then `run`: on a
+    database never migrated, it (and every command but run, worker and
+    migrate) ended with a missing table, reported as a bug, exit 70 (an
+    operator audit)."""
+    result = cli(*first, url=empty_database_url, env={"ALICE_PASSWORD": "x"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    again = cli("stats", url=empty_database_url)
+    assert again.returncode == 0, again.stderr[-2000:]
