@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -153,7 +154,29 @@ def exit_code(exc: BaseException) -> tuple[int, str] | None:
     return None
 
 
+def _terminate_as_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM outside the service's own handling (any command, and `run`
+    before it is up): the path Ctrl-C takes, so that what the command holds
+    is given back (jobs released, an embedded Postgres stopped) and it exits
+    130. The default ended the process at once, exit 143, with 400 jobs of
+    a `reindex` left 'processing' and an embedded server running (an
+    operator audit). Raised as SIGINT, so that trio (inside trio.run)
+    delivers it where it is safe."""
+    signal.raise_signal(signal.SIGINT)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    default_term = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if default_term:
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    try:
+        return _main(argv)
+    finally:
+        if default_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     configure_logging(args.log_level)

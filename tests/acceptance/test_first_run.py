@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -14,7 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio
 
+from nexarch_events.aio import Database
 from tests.acceptance.test_cli import cli
 
 
@@ -131,3 +134,29 @@ def test_the_first_command_on_a_new_database_migrates_it(
     assert result.returncode == 0, result.stderr[-2000:]
     again = cli("stats", url=empty_database_url)
     assert again.returncode == 0, again.stderr[-2000:]
+
+
+async def test_sigterm_before_the_service_is_up_exits_like_ctrl_c(
+        db: Database, database_url: str) -> None:
+    """`run` waiting for another process's migration, then SIGTERM: it died
+    at once with exit 143, and so did every other command (a `reindex`
+    left its jobs 'processing'; an operator audit). Now SIGTERM takes
+    Ctrl-C's path: what the command holds is given back, exit 130."""
+    from nexarch_events.db.migrations import _LOCK_KEY
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
+    environ.update(NEXARCH_DATABASE_URL=database_url, NEXARCH_API_PORT="0")
+    async with db.acquire() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)  # a migration runs
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "nexarch_events", "run"], env=environ,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with trio.fail_after(60):
+            while not await db.fetchval(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                    "AND NOT granted"):
+                await trio.sleep(0.1)  # it waits for the lock now
+        proc.send_signal(signal.SIGTERM)
+        with trio.fail_after(30):
+            code = await proc.wait()
+    assert code == 130, code
