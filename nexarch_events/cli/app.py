@@ -121,12 +121,28 @@ def check_arguments(args: argparse.Namespace) -> None:
     ``--tenant``), then the command's own ``check`` (set with set_defaults)."""
     from ..models import validate_tenant_slug
 
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and _UNDECODABLE.search(text):
+                # Python keeps bytes that are not UTF-8 as lone surrogates,
+                # which the database refuses deep inside a command (exit 1,
+                # a driver's message naming "$4"; an operator audit).
+                raise ConfigurationError(f"{_option(name)}: not valid UTF-8 ({text!r})")
     tenant = getattr(args, "tenant", None)
     if isinstance(tenant, str):
         validate_tenant_slug(tenant)
     check = getattr(args, "check", None)
     if check is not None:
         check(args)
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def _option(dest: str) -> str:
+    """An argparse destination as the user typed it (a guess for positionals)."""
+    return dest.upper() if dest in {"ids", "files", "query", "id", "job_id", "name"} \
+        else "--" + dest.replace("_", "-")
 
 
 def leaf_errors(exc: BaseException) -> list[BaseException]:
@@ -192,6 +208,12 @@ def _main(argv: Sequence[str] | None) -> int:
             return code
     except BaseException as exc:
         leaves = leaf_errors(exc)
+        if leaves and all(isinstance(leaf, BrokenPipeError) for leaf in leaves):
+            # The reader went away (`... | head -1`): no bug, and nothing to
+            # say. stdout is pointed at /dev/null so that the interpreter's
+            # last flush does not complain either.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_FAILED
         reported = [exit_code(leaf) for leaf in leaves]
         if not leaves or any(r is None for r in reported):
             if isinstance(exc, (SystemExit, KeyboardInterrupt)):

@@ -115,6 +115,27 @@ def registry_call(url: str, settings: Settings, fn: Callable[[Any], Any], *,
     return aio_run(go)
 
 
+def bounded_int(low: int, high: int, what: str = "a whole number") -> Callable[[str], int]:
+    """An argparse type: ``what`` from ``low`` to ``high``; anything else is
+    a usage error naming the argument (exit 2), never a database's "out of
+    int64 range" later (an operator audit)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text) if text.strip().lstrip("+-").isdigit() else None
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what} from {low} to {high}, got {text[:40]!r}")
+        return value
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def row_id(what: str) -> Callable[[str], int]:
+    """An id of a database row (a bigint): 1 to 2^63-1."""
+    return bounded_int(1, 2**63 - 1, what)
+
+
 def jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 

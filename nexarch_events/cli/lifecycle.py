@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import os
 import sys
 from dataclasses import asdict
@@ -16,7 +17,7 @@ import trio
 
 from ..errors import ConfigurationError
 from ..settings import Settings
-from .common import EXIT_FAILED, EXIT_OK, Subparsers, jsonable, with_index
+from .common import EXIT_FAILED, EXIT_OK, Subparsers, jsonable, row_id, with_index
 
 
 def actor() -> str:
@@ -64,7 +65,7 @@ def check_erase(args: argparse.Namespace) -> None:
                                      "anyway: drop --unregister-mailboxes")
     elif args.yes_erase_tenant is not None:
         raise ConfigurationError("erase: --yes-erase-tenant confirms --all only")
-    if args.wait is not None and args.wait <= 0:
+    if args.wait is not None and not (math.isfinite(args.wait) and args.wait > 0):
         raise ConfigurationError("erase --wait takes seconds > 0")
 
 
@@ -378,7 +379,7 @@ def register(sub: Subparsers) -> None:
     lst.add_argument("--json", action="store_true")
     lst.set_defaults(fn=cmd_hold_list)
     remove = hsub.add_parser("remove", help="remove a legal hold (audited)")
-    remove.add_argument("id", type=int)
+    remove.add_argument("id", type=row_id("a hold id"))
     remove.add_argument("--tenant", help="only if the hold is of this tenant")
     remove.set_defaults(fn=cmd_hold_remove)
 
@@ -403,7 +404,8 @@ def register(sub: Subparsers) -> None:
     alist = asub.add_parser("list", help="audit entries, newest first")
     alist.add_argument("--tenant")
     alist.add_argument("--limit", type=int, default=50)
-    alist.add_argument("--before", type=int, metavar="ID", help="entries older than this one")
+    alist.add_argument("--before", type=row_id("an audit entry id"), metavar="ID",
+                       help="entries older than this one")
     alist.add_argument("--action")
     alist.add_argument("--json", action="store_true")
     alist.set_defaults(fn=cmd_audit_list, check=check_audit)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigurationError
 from ..settings import Settings
-from .common import EXIT_OK, Subparsers, jsonable, registry_call
+from .common import EXIT_OK, Subparsers, bounded_int, jsonable, registry_call
 
 if TYPE_CHECKING:  # imported where used: the CLI starts without the importer
     from ..importer.oauth import OAuthClient
@@ -323,9 +323,9 @@ def register(sub: Subparsers) -> None:
     failures.add_argument("name")
     failures.add_argument("--json", action="store_true")
     action = failures.add_mutually_exclusive_group()
-    action.add_argument("--retry", type=int, metavar="UID",
+    action.add_argument("--retry", type=bounded_int(1, 2**32 - 1, "a UID"), metavar="UID",
                         help="try this failed message again (its attempts start over)")
-    action.add_argument("--clear", type=int, metavar="UID",
+    action.add_argument("--clear", type=bounded_int(1, 2**32 - 1, "a UID"), metavar="UID",
                         help="forget this failed message (it stays unimported)")
     failures.set_defaults(fn=cmd_mailbox_failures)
     remove = msub.add_parser("remove", help="unregister a mailbox (archived mail stays)")

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import ConfigurationError, InvalidJobError, JobNotFound
 from ..settings import Settings
-from .common import EXIT_OK, Subparsers, jsonable, queue_call
+from .common import EXIT_OK, Subparsers, bounded_int, jsonable, queue_call, row_id
 
 
 def read_payload(args: argparse.Namespace) -> str:
@@ -29,6 +29,12 @@ def read_payload(args: argparse.Namespace) -> str:
     if args.payload == "-":
         return sys.stdin.read()
     return "{}" if args.payload is None else str(args.payload)
+
+
+def check_enqueue(args: argparse.Namespace) -> None:
+    if args.job_type == "delete" and (args.payload is not None or args.payload_file):
+        raise ConfigurationError("enqueue delete takes no payload (--payload, --payload-file): "
+                                 "a delete job names the archived message, nothing more")
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -112,17 +118,17 @@ def register(sub: Subparsers) -> None:
     enqueue.add_argument("--payload-file", metavar="PATH",
                          help="read the JSON payload from a file (above 128 KiB, the limit "
                               "of one command-line argument)")
-    enqueue.set_defaults(fn=cmd_enqueue)
+    enqueue.set_defaults(fn=cmd_enqueue, check=check_enqueue)
 
     status = sub.add_parser("status", help="a job's status as JSON")
-    status.add_argument("job_id", type=int)
+    status.add_argument("job_id", type=row_id("a job id"))
     status.add_argument("--tenant", help="only find the job within this tenant")
     status.set_defaults(fn=cmd_status)
 
     sub.add_parser("stats", help="counts per status, oldest ready age").set_defaults(fn=cmd_stats)
 
     requeue = sub.add_parser("requeue", help="re-queue failed jobs")
-    requeue.add_argument("job_id", type=int, nargs="?")
+    requeue.add_argument("job_id", type=row_id("a job id"), nargs="?")
     requeue.add_argument("--tenant")
     requeue.add_argument("--job-type", choices=["index", "delete"])
     requeue.add_argument("--all", action="store_true", help="every failed job")
@@ -134,5 +140,6 @@ def register(sub: Subparsers) -> None:
                        help="instead of queue.retain_succeeded (0: keep)")
     prune.add_argument("--failed-older-than", type=float, metavar="SECONDS",
                        help="instead of queue.retain_failed (0: keep)")
-    prune.add_argument("--batch", type=int, default=1000, help="rows per statement")
+    prune.add_argument("--batch", type=bounded_int(1, 100_000), default=1000,
+                       help="rows per statement (1-100000)")
     prune.set_defaults(fn=cmd_prune)

@@ -53,6 +53,12 @@ def busy_port() -> Iterator[int]:
     ("archive", "--tenant", "acme", "no-such-file.eml"),
     ("reindex", "--tenant", "acme-"),
     ("status", "1", "--tenant", "ACME"),
+    # Found by an operator audit (exit 70 after the erasure, exit 1 with a
+    # driver's message, a payload silently dropped):
+    ("erase", "--tenant", "acme", "2", "--wait", "nan"),
+    ("search", "--tenant", "acme", "--sender", "a\udcffb", "x"),
+    ("hold", "add", "--tenant", "acme", "--query", "x", "--reason", "r\udcff"),
+    ("enqueue", "delete", "--tenant", "acme", "--message-id", "1", "--payload", "{}"),
 ])
 def test_bad_arguments_are_refused_before_the_embedded_postgres_starts(
         tmp_path: Path, args: tuple[str, ...]) -> None:
@@ -60,6 +66,25 @@ def test_bad_arguments_are_refused_before_the_embedded_postgres_starts(
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("nexarch-events: "), result.stderr
     assert "Traceback" not in result.stderr
+    assert not (tmp_path / ".nexarch").exists(), "a server was started for nothing"
+
+
+@pytest.mark.parametrize("args", [
+    ("status", "99999999999999999999"),
+    ("requeue", "0"),
+    ("hold", "remove", "-1"),
+    ("audit", "list", "--before", "-1"),
+    ("mailbox", "failures", "acme", "inbox", "--retry", "4294967296"),
+    ("prune", "--batch", "0"),
+])
+def test_numbers_out_of_range_are_usage_errors_that_name_the_argument(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    """Before: a driver's "out of int64 range" with exit 1, the API's 400
+    answered by the CLI as a silent accept, and `prune --batch 0` looping
+    for ever (an operator audit)."""
+    result = run_bare(tmp_path, *args)
+    assert result.returncode == 2, result.stderr
+    assert "error: argument" in result.stderr and "from " in result.stderr, result.stderr
     assert not (tmp_path / ".nexarch").exists(), "a server was started for nothing"
 
 
@@ -160,3 +185,17 @@ async def test_sigterm_before_the_service_is_up_exits_like_ctrl_c(
         with trio.fail_after(30):
             code = await proc.wait()
     assert code == 130, code
+
+
+def test_output_into_a_closed_pipe_is_no_bug(tmp_path: Path) -> None:
+    """`nexarch-events ... | head -1`: the reader goes away, the next write
+    fails with EPIPE. That was reported as a bug, exit 70, with a traceback
+    (an operator audit)."""
+    proc = subprocess.Popen([sys.executable, "-m", "nexarch_events", "config", "check"],
+                            cwd=tmp_path, env=bare_env(tmp_path), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before it writes anything: Python takes far longer to start
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 1, err
+    assert "Traceback" not in err and "internal error" not in err and "Exception" not in err
