@@ -146,7 +146,7 @@ def cmd_erase(args: argparse.Namespace, settings: Settings, url: str) -> int:
                                            sorted(out["delete_job_statuses"].items())))
         if code != EXIT_OK:
             print("the index may still hold erased mail until every delete job has "
-                  "succeeded: see `queue` / `jobs` for them", file=sys.stderr)
+                  "succeeded: `status JOB_ID` for each, `stats` for the queue", file=sys.stderr)
     elif out.get("erased"):
         print("the index forgets them when the workers have run the delete jobs "
               "(--wait SECONDS waits for that)", file=sys.stderr)

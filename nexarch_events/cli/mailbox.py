@@ -268,7 +268,10 @@ def _failure_action(args: argparse.Namespace, settings: Settings, url: str) -> i
 
     if not registry_call(url, settings, go):
         raise JobNotFound(f"{args.tenant}/{args.name}: no recorded failure for UID {uid}")
-    if retry:
+    if args.json:
+        print(json.dumps({"tenant": args.tenant, "mailbox": args.name, "uid": uid,
+                          "action": "retry" if retry else "clear"}))
+    elif retry:
         print(f"{args.tenant}/{args.name}: UID {uid} will be retried (sync requested)")
     else:
         print(f"{args.tenant}/{args.name}: UID {uid} forgotten; it stays unimported")

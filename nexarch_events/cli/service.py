@@ -11,7 +11,7 @@ from dataclasses import replace
 from ..aio import Database
 from ..aio import run as aio_run
 from ..settings import Settings
-from .common import EXIT_OK, Subparsers, command_name
+from .common import EXIT_OK, Subparsers, bounded_int, command_name
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -111,7 +111,8 @@ def register(sub: Subparsers) -> None:
                       help="seconds of new mail (default 30); Ctrl-C ends it earlier")
     demo.add_argument("--rate", type=float, default=2.0,
                       help="new messages per second (default 2)")
-    demo.add_argument("--port", type=int, metavar="PORT",
+    demo.add_argument("--port", type=bounded_int(0, 65535, "a TCP port (0: any free one)"),
+                      metavar="PORT",
                       help="the status page's port (default: NEXARCH_API_PORT, 8080, or any "
                            "free port when that is taken; 0: any free port)")
     demo.add_argument("--verbose", action="store_true",

@@ -76,6 +76,7 @@ def test_bad_arguments_are_refused_before_the_embedded_postgres_starts(
     ("audit", "list", "--before", "-1"),
     ("mailbox", "failures", "acme", "inbox", "--retry", "4294967296"),
     ("prune", "--batch", "0"),
+    ("demo", "--port", "99999"),  # blamed api.port (NEXARCH_API_PORT) before
 ])
 def test_numbers_out_of_range_are_usage_errors_that_name_the_argument(
         tmp_path: Path, args: tuple[str, ...]) -> None:

@@ -294,8 +294,10 @@ async def test_failing_messages_show_in_the_list_and_can_be_retried_or_cleared(
         await run_sync(db.dsn, config, "secret")
     listed = cli("mailbox", "list", url=db.dsn)
     assert "2 message(s) failing" in listed.stdout, listed.stdout
-    retried = cli("mailbox", "failures", "acme", "inbox", "--retry", "2", url=db.dsn)
+    retried = cli("mailbox", "failures", "acme", "inbox", "--retry", "2", "--json", url=db.dsn)
     assert retried.returncode == 0, retried.stderr
+    assert json.loads(retried.stdout) == {"tenant": "acme", "mailbox": "inbox", "uid": 2,
+                                          "action": "retry"}  # was plain text
     cleared = cli("mailbox", "failures", "acme", "inbox", "--clear", "3", url=db.dsn)
     assert cleared.returncode == 0, cleared.stderr
     assert cli("mailbox", "failures", "acme", "inbox", "--clear", "3", url=db.dsn)\
