@@ -221,6 +221,20 @@ async def test_reindex_rebuilds_and_verify_reports(db: Database,
     assert hits == [stored[5].archive_id]
 
 
+async def test_reindex_counts_what_was_indexed_not_what_was_asked(
+        db: Database, fast_settings: QueueSettings) -> None:
+    """A text-search configuration the server does not have fails every
+    index job: reindex said "2 message(s) indexed ... 2 failed" (an operator
+    audit). Real Postgres, refusing the configuration by name."""
+    settings = Settings(queue=fast_settings).with_queue(drain_interval=60.0)
+    archive = Archive(db)
+    for raw in realistic_messages(2, seed=5):
+        await archive.store("acme", raw)
+    broken = PostgresIndex(db, configs=("simple", "klingon"))
+    result = await reindex(db, settings, broken, "acme")
+    assert (result.indexed, result.removed, result.failed) == (0, 0, 2)
+
+
 def _stale_document():  # type: ignore[no-untyped-def]
     from nexarch_events.index.base import IndexDocument
 
