@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ..aio import Database
+from ..errors import ConfigurationError
 from ..settings import Settings
 from .base import IndexBackend
 from .postgres import PostgresIndex
@@ -22,8 +23,24 @@ async def open_index(settings: Settings, db: Database) -> AsyncIterator[IndexBac
         backend = ManticoreBackend(settings.manticore_url,
                                    timeout=settings.manticore_timeout)
     else:
+        await check_search_languages(db, settings.search_languages)
         backend = PostgresIndex(db, configs=settings.search_languages)
     try:
         yield backend
     finally:
         await backend.aclose()
+
+
+async def check_search_languages(db: Database, languages: tuple[str, ...]) -> None:
+    """Each configured language is a text-search configuration of this
+    server. The settings check only the spelling: one the server lacks
+    passed `config check`, then failed every search (exit 70) and every
+    index job for good (an operator audit)."""
+    found = {row["cfgname"] for row in await db.fetch(
+        "SELECT cfgname FROM pg_ts_config WHERE cfgname = ANY($1::text[])", list(languages))}
+    missing = [lang for lang in languages if lang not in found]
+    if missing:
+        raise ConfigurationError(
+            f"search_languages (NEXARCH_SEARCH_LANGUAGES): this Postgres has no text-search "
+            f"configuration {', '.join(repr(m) for m in missing)} (see "
+            f"SELECT cfgname FROM pg_ts_config)")

@@ -200,3 +200,15 @@ def test_output_into_a_closed_pipe_is_no_bug(tmp_path: Path) -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 1, err
     assert "Traceback" not in err and "internal error" not in err and "Exception" not in err
+
+
+@pytest.mark.parametrize("command", [("search", "--tenant", "acme", "invoice"), ("worker",)])
+def test_a_search_language_the_server_lacks_is_a_configuration_error(
+        database_url: str, command: tuple[str, ...]) -> None:
+    """The settings check only its spelling: `klingon` passed, then every
+    search ended with exit 70 and every index job failed for good (an
+    operator audit). Now the first use of the index says which one."""
+    result = cli(*command, url=database_url,
+                 env={"NEXARCH_SEARCH_LANGUAGES": "german,klingon"}, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "NEXARCH_SEARCH_LANGUAGES" in result.stderr and "'klingon'" in result.stderr
