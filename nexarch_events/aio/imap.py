@@ -413,7 +413,10 @@ class ImapSession:
         return lines[:-1]
 
     def _keep_secret(self, *secrets: str) -> None:
-        self._secrets = tuple(s for s in {*self._secrets, *secrets} if len(s) >= 4)
+        # Longest first: a quoted password goes with its quotes, the same
+        # way every time (a set's order is not).
+        self._secrets = tuple(sorted({s for s in (*self._secrets, *secrets) if len(s) >= 4},
+                                     key=lambda s: (-len(s), s)))
 
     def _redact(self, text: str) -> str:
         """``text`` without what sign-in sent (a password, a token): an
