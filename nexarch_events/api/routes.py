@@ -224,6 +224,11 @@ class _Api:
         mailbox_id = request.path_id("id", "mailbox")
         try:
             config = await self.registry.get_by_id(mailbox_id, tenant_slug=tenant)
+            if not config.enabled:
+                # Nobody would run it: a 202 that is never answered (an
+                # operator audit).
+                raise ApiError(409, f"mailbox {mailbox_id} ({config.tenant_slug}/{config.name}) "
+                                    "is paused: enable it to sync it")
             await self.states.request_sync(config.tenant_slug, config.name)
         except JobNotFound:
             scope = "" if tenant is None else f" in tenant {tenant!r}"

@@ -8,7 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, NexarchError
 from ..settings import Settings
 from .common import EXIT_OK, Subparsers, bounded_int, jsonable, registry_call
 
@@ -155,7 +155,9 @@ def cmd_mailbox_list(args: argparse.Namespace, settings: Settings, url: str) -> 
 def _state_text(row: Any) -> str:
     """One line: the worst of error / warning / ok, then what else an
     operator must know (failing messages, IDLE given up)."""
-    if row["last_error"]:
+    if not row["enabled"]:
+        state = "paused"
+    elif row["last_error"]:
         state = f"error: {row['last_error'][:60]}"
     elif row["warning"]:
         state = f"warning: {row['warning'][:60]}"
@@ -188,6 +190,10 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
 
     if args.request:
         async def request(registry: Any) -> None:
+            if not (await registry.get(args.tenant, args.name)).enabled:
+                raise NexarchError(
+                    f"{args.tenant}/{args.name} is paused, and no importer runs it: "
+                    f"`mailbox enable {args.tenant} {args.name}` first")
             await StateStore(registry.db).request_sync(args.tenant, args.name)
 
         registry_call(url, settings, request)

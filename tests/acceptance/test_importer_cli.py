@@ -80,6 +80,11 @@ def test_mailbox_lifecycle(database_url: str, dovecot: Dovecot, imap_folder: str
     assert cli("mailbox", "disable", "acme", "inbox", url=database_url).returncode == 0
     listed = json.loads(cli("mailbox", "list", "--json", url=database_url).stdout)
     assert listed[0]["enabled"] is False
+    # Paused: said so in the list (it said "ok"), and a request that no
+    # importer would answer is refused (it said "sync requested").
+    assert "paused" in cli("mailbox", "list", url=database_url).stdout
+    refused = cli("mailbox", "sync-now", "acme", "inbox", "--request", url=database_url)
+    assert refused.returncode == 1 and "is paused" in refused.stderr, refused.stderr
     assert cli("mailbox", "enable", "acme", "inbox", url=database_url).returncode == 0
     assert json.loads(cli("mailbox", "list", "--json", url=database_url).stdout)[0]["enabled"]
     assert json.loads(cli("mailbox", "failures", "acme", "inbox", "--json",

@@ -605,6 +605,12 @@ async def test_sync_now_within_the_callers_tenant(env: Env) -> None:
     assert (await env.client.post("/mailboxes/777777/sync", env.tokens.admin)).status_code == 404
     bad = await env.client.post("/mailboxes/inbox/sync", env.tokens.admin)
     assert bad.status_code == 400 and "mailbox id" in bad.json()["error"]
+    # A paused mailbox: no importer runs it, so a 202 would never be answered.
+    await registry.set_enabled("globex", "inbox", False)
+    paused = await env.client.post(f"/mailboxes/{globex_id}/sync", env.tokens.globex)
+    assert paused.status_code == 409 and "paused" in paused.json()["error"]
+    listed = (await env.client.get("/mailboxes", env.tokens.globex)).json()["mailboxes"]
+    assert [m["enabled"] for m in listed] == [False]
 
 
 # -- accounts ---------------------------------------------------------------------------
