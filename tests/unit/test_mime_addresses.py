@@ -103,3 +103,15 @@ def test_addresses_8bit_header_gets_a_note_with_the_field_name() -> None:
 ])
 def test_display(address: Address, display: str) -> None:
     assert address.display() == display
+
+
+@pytest.mark.parametrize("value", [" " * 16_000 + "y", "x" + "\t" * 16_000 + "y",
+                                   " " * 16_000 + "<a@b" + " " * 16_000])
+def test_blanks_that_match_nothing_cost_linear_time(value: str) -> None:
+    """A lazy display name between two runs of optional blanks tried every
+    way to share out a run of blanks that matched nothing: cubic (4,000
+    spaces in a From field: 35 s, the GIL held; a fuzzing audit). Sized so
+    that the old pattern runs past the test timeout: it fails by hanging,
+    never by a measured time."""
+    assert simple_addresses(value) is None
+    assert isinstance(addresses({b"from": [value.encode()]}, b"from", Notes()), tuple)

@@ -9,7 +9,10 @@ Decoded text never holds lone surrogates: the codecs that can produce them
 from __future__ import annotations
 
 import codecs
+import encodings
+import encodings.aliases
 import functools
+import pkgutil
 import re
 from dataclasses import dataclass
 
@@ -76,6 +79,8 @@ def codec(label: str) -> Codec | None:
     """The codec a lower-case charset label means, or None if Python has
     none or it is not a text charset."""
     name = _SUPERSETS.get(label, label)
+    if not _known(name):
+        return None
     try:
         info = codecs.lookup(name)
     except (LookupError, ValueError, TypeError):
@@ -90,6 +95,24 @@ def codec(label: str) -> Codec | None:
         compatible = False  # UTF-16, UTF-32: the probe is not even valid
     return Codec(info.name, compatible,
                  info.name in _SURROGATE_FREE or info.name.startswith(_SURROGATE_FREE_PREFIXES))
+
+
+@functools.cache
+def _codec_names() -> frozenset[str]:
+    """What the standard library's codec search can find: its modules and
+    their aliases, in encodings.normalize_encoding's form."""
+    modules = {m.name for m in pkgutil.iter_modules(encodings.__path__)}
+    return frozenset(modules | set(encodings.aliases.aliases))
+
+
+def _known(name: str) -> bool:
+    """Whether ``name`` can name a standard codec. codecs.lookup of any
+    other name tries an import and keeps the miss for the life of the
+    process: one message with thousands of made-up charset names took
+    seconds and left megabytes behind (a fuzzing audit)."""
+    norm = encodings.normalize_encoding(name.lower().replace(" ", "-"))
+    names = _codec_names()
+    return norm in names or norm.replace(".", "_") in names
 
 
 def decode_strict(data: bytes, name: str, final: bool) -> str:
