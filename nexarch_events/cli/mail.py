@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidJobError
 from ..settings import Settings
 from .common import (
     EXIT_FAILED,
@@ -27,9 +27,21 @@ from .common import (
 
 
 def check_archive(args: argparse.Namespace) -> None:
+    """Every file before any is archived: one bad file among several
+    stopped the command part-way, without its name, after reading a
+    140 MB file whole to refuse it (an operator audit)."""
+    from ..mail.archive import MAX_MESSAGE_BYTES
+
     for name in args.files:
-        if not Path(name).is_file():
+        path = Path(name)
+        if not path.is_file():
             raise ConfigurationError(f"archive: {name} is not a file")
+        size = path.stat().st_size
+        if size == 0:
+            raise ConfigurationError(f"archive: {name} is empty (0 bytes); nothing archived")
+        if size > MAX_MESSAGE_BYTES:
+            raise ConfigurationError(f"archive: {name} is {size} bytes; the archive's limit is "
+                                     f"{MAX_MESSAGE_BYTES}; nothing archived")
 
 
 def cmd_archive(args: argparse.Namespace, settings: Settings, url: str) -> int:
@@ -45,7 +57,10 @@ def cmd_archive(args: argparse.Namespace, settings: Settings, url: str) -> int:
         nonlocal queued
         archive = Archive(db)
         for path in files:
-            stored = await archive.store(args.tenant, path.read_bytes())
+            try:
+                stored = await archive.store(args.tenant, path.read_bytes())
+            except InvalidJobError as exc:  # a message the archive refuses: say which
+                raise InvalidJobError(f"archive: {path}: {exc}") from None
             state = "archived" if stored.created else "already archived"
             queued += stored.job_id is not None
             print(f"{path}\t{state}\tarchive_id={stored.archive_id}"

@@ -89,6 +89,28 @@ def test_numbers_out_of_range_are_usage_errors_that_name_the_argument(
     assert not (tmp_path / ".nexarch").exists(), "a server was started for nothing"
 
 
+def test_archive_checks_every_file_before_it_archives_any(
+        database_url: str, tmp_path: Path) -> None:
+    """Two good files, an empty one, a good one: the first two were
+    archived, then "message is empty (0 bytes)" without the file's name,
+    and the last was skipped (an operator audit)."""
+    good = []
+    for n in range(3):
+        path = tmp_path / f"m{n}.eml"
+        path.write_bytes(f"From: a@example.org\r\nSubject: m{n}\r\n\r\nbody {n}\r\n".encode())
+        good.append(str(path))
+    empty = tmp_path / "empty.eml"
+    empty.write_bytes(b"")
+    result = cli("archive", "--tenant", "acme", good[0], good[1], str(empty), good[2],
+                 url=database_url)
+    assert result.returncode == 2, result.stderr
+    assert str(empty) in result.stderr and "nothing archived" in result.stderr
+    # Nothing was stored part-way: the good ones are new now.
+    again = cli("archive", "--tenant", "acme", *good, url=database_url)
+    assert again.returncode == 0, again.stderr
+    assert [line.split("\t")[1] for line in again.stdout.splitlines()] == ["archived"] * 3
+
+
 def test_the_embedded_server_binaries_load_without_a_runtime_dir_warning(
         tmp_path: Path) -> None:
     # -W error: the warning, were it emitted, would fail the import.
