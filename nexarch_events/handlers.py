@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import importlib
 import logging
+import re
 from collections.abc import Mapping, Sequence
 
 from .errors import ConfigurationError
-from .models import ClaimedJob, Failure, JobId
+from .models import ClaimedJob, Failure, JobId, JobType
 from .queue.worker import BatchHandler
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,10 @@ LOGGING: Mapping[str, BatchHandler] = {"index": log_jobs, "delete": log_jobs}
 def load_handlers(spec: str) -> Mapping[str, BatchHandler]:
     """``package.module:NAME`` -> that module's mapping of job type to handler."""
     module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
+    # Checked here, not where the workers first use them: a relative module
+    # name or a key that is no job type ended the worker with exit 70 (an
+    # operator audit).
+    if not _DOTTED.fullmatch(module_name) or not attr.isidentifier():
         raise ConfigurationError(f"--handlers {spec!r}: expected 'package.module:NAME'")
     try:
         module = importlib.import_module(module_name)
@@ -43,4 +47,16 @@ def load_handlers(spec: str) -> Mapping[str, BatchHandler]:
     if not isinstance(handlers, Mapping):
         raise ConfigurationError(
             f"--handlers {spec!r}: {attr} must be a mapping of job type to handler")
+    types = {t.value for t in JobType}
+    wrong = [k for k in handlers if k not in types]
+    if wrong:
+        raise ConfigurationError(f"--handlers {spec!r}: {attr} has keys that are no job type: "
+                                 f"{', '.join(repr(k) for k in wrong[:5])} (job types: "
+                                 f"{', '.join(sorted(types))})")
+    if not all(callable(h) for h in handlers.values()):
+        raise ConfigurationError(f"--handlers {spec!r}: every value of {attr} must be a "
+                                 "handler (an async function of a batch of jobs)")
     return handlers
+
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
