@@ -77,8 +77,11 @@ def _read(path: str) -> dict[str, Any]:
             return tomllib.load(handle)
     except OSError as exc:
         raise ConfigurationError(f"config file {path} cannot be read: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigurationError(f"config file {path} is not valid TOML: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        # A file that is not UTF-8 ended the command as a bug, exit 70 (an
+        # operator audit): TOML is UTF-8 by definition.
+        raise ConfigurationError(f"config file {path} is not valid TOML (UTF-8): "
+                                 f"{exc}") from None
 
 
 def _flatten(path: str, document: Mapping[str, Any]) -> tuple[dict[str, str],
@@ -101,6 +104,9 @@ def _flatten(path: str, document: Mapping[str, Any]) -> tuple[dict[str, str],
                     raise ConfigurationError(
                         f"{path}: unknown key {key}.{name}; known in [{key}]: "
                         f"{', '.join(names + (('tokens',) if key == 'api' else ()))}")
+        elif key in _SECTIONS:
+            raise ConfigurationError(f"{path}: {key} must be a table ([{key}]), got "
+                                     f"{type(value).__name__}")
         else:
             raise ConfigurationError(
                 f"{path}: unknown key {key!r}; known: "

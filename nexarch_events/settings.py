@@ -285,6 +285,11 @@ class Settings:
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Self:
         """Settings from ``NEXARCH_*`` variables, e.g. ``NEXARCH_QUEUE_WORKERS=8``."""
         env = os.environ if environ is None else environ
+        for key, value in env.items():
+            # A NUL reaches a path or the database as a bug (exit 70; an
+            # operator audit with data_dir = "a\0b").
+            if key.startswith("NEXARCH_") and "\x00" in value:
+                raise ConfigurationError(f"{key} contains a NUL character")
         queue_kwargs: dict[str, object] = {}
         for f in fields(QueueSettings):
             key = f"NEXARCH_QUEUE_{f.name.upper()}"

@@ -137,3 +137,26 @@ def test_mask_url_hides_a_password_with_unencoded_delimiters(url: str) -> None:
     masked = mask_url(url)
     assert masked is not None and "hunter2" not in masked and "hun/ter2" not in masked
     assert "s3cr?et" not in masked and "p@ss" not in masked and ":***@" in masked
+
+
+def test_file_problems_are_configuration_errors_that_say_what(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """From an operator audit: a file that is not UTF-8 (exit 70), a section
+    given as a value ("unknown key 'api'", which it is not), and a NUL in a
+    path (exit 70)."""
+    import pytest as _pytest
+
+    from nexarch_events.config import load_settings
+    from nexarch_events.errors import ConfigurationError
+
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('data_dir = "Grüße"\n'.encode("latin-1"))
+    with _pytest.raises(ConfigurationError, match="not valid TOML"):
+        load_settings(str(latin1), environ={})
+    section = tmp_path / "section.toml"
+    section.write_text("api = 5\n")
+    with _pytest.raises(ConfigurationError, match=r"api must be a table \(\[api\]\)"):
+        load_settings(str(section), environ={})
+    nul = tmp_path / "nul.toml"
+    nul.write_text('data_dir = "a\\u0000b"\n')
+    with _pytest.raises(ConfigurationError, match="contains a NUL"):
+        load_settings(str(nul), environ={})
