@@ -132,3 +132,8 @@ SELECT archive_id FROM mail_search_documents
 -- name: drop_tenant
 -- Every document of tenant $1 (erasure of a whole tenant).
 DELETE FROM mail_search_documents WHERE tenant_slug = $1;
+
+-- name: text_search_configs
+-- Which of the configured search languages ($1) this server has
+-- (index/factory.py checks them at first use).
+SELECT cfgname FROM pg_ts_config WHERE cfgname = ANY($1::text[]);

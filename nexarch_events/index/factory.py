@@ -6,10 +6,13 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from ..aio import Database
+from ..db import sqlfiles
 from ..errors import ConfigurationError
 from ..settings import Settings
 from .base import IndexBackend
 from .postgres import PostgresIndex
+
+_SQL = sqlfiles.queries("search.sql")
 
 
 @asynccontextmanager
@@ -36,11 +39,11 @@ async def check_search_languages(db: Database, languages: tuple[str, ...]) -> No
     server. The settings check only the spelling: one the server lacks
     passed `config check`, then failed every search (exit 70) and every
     index job for good (an operator audit)."""
-    found = {row["cfgname"] for row in await db.fetch(
-        "SELECT cfgname FROM pg_ts_config WHERE cfgname = ANY($1::text[])", list(languages))}
+    found = {row["cfgname"] for row in await db.fetch(_SQL["text_search_configs"],
+                                                      list(languages))}
     missing = [lang for lang in languages if lang not in found]
     if missing:
         raise ConfigurationError(
             f"search_languages (NEXARCH_SEARCH_LANGUAGES): this Postgres has no text-search "
-            f"configuration {', '.join(repr(m) for m in missing)} (see "
-            f"SELECT cfgname FROM pg_ts_config)")
+            f"configuration {', '.join(repr(m) for m in missing)} (the ones it has: "
+            "pg_ts_config)")
