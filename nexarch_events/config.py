@@ -217,7 +217,7 @@ def effective(settings: Settings) -> dict[str, Any]:
         "command_timeout": settings.command_timeout, "index_backend": settings.index_backend,
         "manticore_url": mask_url(settings.manticore_url),
         "search_languages": list(settings.search_languages),
-        "log_format": settings.log_format,
+        "log_format": settings.log_format, "log_level": settings.log_level,
         "secret_key": "***" if settings.secret_key else None,
         "queue": {f.name: getattr(settings.queue, f.name) for f in fields(QueueSettings)},
         "import": {f.name: getattr(settings.importer, f.name) for f in fields(ImportSettings)},

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, Self
 from urllib.parse import urlsplit
 
+from cryptography.fernet import Fernet
+
 from .errors import ConfigurationError
+
+#: The levels ``--log-level``, NEXARCH_LOG_LEVEL and the file's log_level take.
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 log = logging.getLogger("nexarch_events.settings")
 
@@ -230,6 +235,8 @@ class Settings:
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     #: Log lines as "kv" (key=value) or "json".
     log_format: str = "kv"
+    #: The lowest level logged (``--log-level`` wins over it).
+    log_level: str = "info"
     #: Key that seals IMAP passwords stored in Postgres (NEXARCH_SECRET_KEY_FILE).
     secret_key: str | None = field(default=None, repr=False)
     #: "postgres" (full-text search in the same database) or "manticore".
@@ -255,6 +262,11 @@ class Settings:
         if self.log_format not in ("kv", "json"):
             raise ConfigurationError(f"log_format must be 'kv' or 'json', got "
                                      f"{self.log_format!r} (NEXARCH_LOG_FORMAT)")
+        if self.log_level not in LOG_LEVELS:
+            raise ConfigurationError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got "
+                                     f"{self.log_level!r} (NEXARCH_LOG_LEVEL)")
+        if self.secret_key is not None:
+            _check_secret_key(self.secret_key)
         _positive_float("command_timeout", self.command_timeout)
         _positive_float("manticore_timeout", self.manticore_timeout)
         if self.index_backend not in ("postgres", "manticore"):
@@ -324,6 +336,8 @@ class Settings:
             top["data_dir"] = env["NEXARCH_DATA_DIR"]
         if env.get("NEXARCH_LOG_FORMAT"):
             top["log_format"] = env["NEXARCH_LOG_FORMAT"]
+        if env.get("NEXARCH_LOG_LEVEL"):
+            top["log_level"] = env["NEXARCH_LOG_LEVEL"].strip().lower()
         api_kwargs: dict[str, object] = {}
         if env.get("NEXARCH_API_HOST"):
             api_kwargs["host"] = env["NEXARCH_API_HOST"]
@@ -449,6 +463,17 @@ def _read_secret(key: str, path: str) -> str:
     if not value:
         raise ConfigurationError(f"{key}={path!r} is empty")
     return value
+
+
+def _check_secret_key(key: str) -> None:
+    """A key that cannot seal was found only when a password was first
+    stored or read, long after ``config check`` said all was well."""
+    try:
+        Fernet(key.encode())
+    except (ValueError, TypeError):
+        raise ConfigurationError(
+            "NEXARCH_SECRET_KEY_FILE does not hold a valid key: it must be 32 url-safe "
+            "base64-encoded bytes, as `nexarch-events mailbox new-key` prints") from None
 
 
 def _parse_bool(key: str, raw: str) -> bool:

@@ -29,7 +29,7 @@ from ..errors import (
     MigrationError,
     NexarchError,
 )
-from ..settings import Settings
+from ..settings import LOG_LEVELS, Settings
 from . import account, lifecycle, mail, mailbox, queue, service
 from .common import (
     EXIT_BUG,
@@ -76,12 +76,34 @@ _LOG_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def configure_logging(level: str, fmt: str = "kv") -> None:
-    """Structured lines on stderr: key=value (default) or JSON."""
+    """Structured lines on stderr: key=value (default) or JSON. Records held
+    by hold_logging are written now, those below ``level`` dropped."""
+    root = logging.getLogger()
+    held = [r for h in root.handlers if isinstance(h, _Held) for r in h.records]
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KvFormatter())
-    root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    root.setLevel(getattr(logging, level.upper()))
+    for record in held:
+        if record.levelno >= root.level:
+            handler.handle(record)
+
+
+class _Held(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def hold_logging() -> None:
+    """Keep what is logged while the settings that say the level and the
+    format (the file's log_level and log_format) are still being read."""
+    root = logging.getLogger()
+    root.handlers[:] = [_Held()]
+    root.setLevel(logging.DEBUG)
 
 
 def _settings(args: argparse.Namespace) -> Settings:
@@ -104,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mail archive indexing queue on Postgres LISTEN/NOTIFY. The database is "
                     "NEXARCH_DATABASE_URL, or an embedded Postgres in NEXARCH_DATA_DIR "
                     "(default .nexarch) when unset.")
-    parser.add_argument("--log-level", default=os.environ.get("NEXARCH_LOG_LEVEL", "info"))
+    parser.add_argument("--log-level", type=str.lower, choices=LOG_LEVELS,
+                        help="overrides NEXARCH_LOG_LEVEL and the file's log_level "
+                             "(default info)")
     parser.add_argument("--config", metavar="FILE",
                         help="TOML configuration (default: $NEXARCH_CONFIG); NEXARCH_* "
                              "variables override it")
@@ -195,10 +219,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(args.log_level)
+    hold_logging()
     try:
-        settings = _settings(args)
-        configure_logging(args.log_level, settings.log_format)
+        try:
+            settings = _settings(args)
+        except BaseException:
+            configure_logging(args.log_level or "info")
+            raise
+        configure_logging(args.log_level or settings.log_level, settings.log_format)
         check_arguments(args)
         if not getattr(args, "needs_database", True):
             code0: int = args.fn(args, settings, "")

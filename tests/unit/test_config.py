@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 
 from nexarch_events.config import effective, load_settings, mask_url
 from nexarch_events.errors import ConfigurationError
@@ -105,7 +106,7 @@ def test_config_check_command(tmp_path: Path) -> None:
 def test_secrets_readable_by_every_user_are_warned_of(tmp_path: Path) -> None:
     """Like ssh with a key file: the command still runs, and says what to fix."""
     key = tmp_path / "secret.key"
-    key.write_text("k" * 44)
+    key.write_text(Fernet.generate_key().decode())
     inline = write(tmp_path, '[[api.tokens]]\nname = "ops"\ntoken = "0123456789abcdef-token"\n')
     env = {"PATH": "/usr/bin:/bin", "NEXARCH_SECRET_KEY_FILE": str(key)}
 
@@ -160,3 +161,61 @@ def test_file_problems_are_configuration_errors_that_say_what(tmp_path) -> None:
     nul.write_text('data_dir = "a\\u0000b"\n')
     with _pytest.raises(ConfigurationError, match="contains a NUL"):
         load_settings(str(nul), environ={})
+
+
+def run_cli(*argv: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "nexarch_events", *argv],
+                          env={"PATH": "/usr/bin:/bin", **env}, capture_output=True, text=True,
+                          check=False)
+
+
+def test_the_log_level_is_taken_from_the_file_the_environment_and_the_flag(
+        tmp_path: Path) -> None:
+    """The file's log_level was accepted and ignored, and a misspelt level
+    was taken as info (an operator audit): a service that was meant to log
+    quietly, or in detail, did neither, and nothing said why."""
+    path = write(tmp_path, 'log_level = "warning"\n')
+    assert load_settings(path, environ={}).log_level == "warning"
+    assert load_settings(path, environ={"NEXARCH_LOG_LEVEL": "DEBUG"}).log_level == "debug"
+    shown = run_cli("--config", path, "config", "check", env={})
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["log_level"] == "warning"
+
+    # What the level does: the warning about a world-readable token file,
+    # logged while the file is read, is held until the level is known.
+    token_file = tmp_path / "ops.token"
+    token_file.write_text("0123456789abcdef-token")
+    os.chmod(token_file, 0o644)
+    with_token = write(tmp_path, f'log_level = "error"\n[[api.tokens]]\nname = "ops"\n'
+                                 f'token_file = "{token_file}"\n')
+    quiet = run_cli("--config", with_token, "config", "check", env={})
+    assert quiet.returncode == 0 and "holds an API token" not in quiet.stderr
+    assert "holds an API token" in run_cli("--log-level", "info", "--config", with_token,
+                                           "config", "check", env={}).stderr
+    as_json = run_cli("--config", with_token, "config", "check",
+                      env={"NEXARCH_LOG_LEVEL": "warning", "NEXARCH_LOG_FORMAT": "json"})
+    assert json.loads(as_json.stderr.splitlines()[0])["level"] == "WARNING"
+
+    bogus_flag = run_cli("--log-level", "verbose", "config", "check", env={})
+    assert bogus_flag.returncode == 2 and "verbose" in bogus_flag.stderr
+    bogus_env = run_cli("config", "check", env={"NEXARCH_LOG_LEVEL": "loud"})
+    assert bogus_env.returncode == 2
+    assert "log_level must be one of debug, info, warning, error, got 'loud'" in bogus_env.stderr
+    bogus_file = run_cli("--config", write(tmp_path, "log_level = 3\n"), "config", "check",
+                         env={})
+    assert bogus_file.returncode == 2 and "'3'" in bogus_file.stderr
+
+
+def test_a_secret_key_that_cannot_seal_is_refused_at_start(tmp_path: Path) -> None:
+    """A garbage key passed `config check` and failed only when a password
+    was first sealed or opened (an operator audit)."""
+    key = tmp_path / "secret.key"
+    key.write_text("not-a-key-at-all")
+    os.chmod(key, 0o600)
+    bad = run_cli("config", "check", env={"NEXARCH_SECRET_KEY_FILE": str(key)})
+    assert bad.returncode == 2
+    assert "NEXARCH_SECRET_KEY_FILE does not hold a valid key" in bad.stderr
+    assert "not-a-key-at-all" not in bad.stderr
+    key.write_text(Fernet.generate_key().decode())
+    good = run_cli("config", "check", env={"NEXARCH_SECRET_KEY_FILE": str(key)})
+    assert good.returncode == 0, good.stderr
