@@ -75,12 +75,19 @@ async def verify(db: Database, backend: IndexBackend, tenant_slug: str) -> Index
 async def repair(db: Database, report: IndexReport) -> list[JobId]:
     """Enqueue what brings the index in line with the archive ``report``
     found: an index job per missing message, a delete job per extra
-    document. Returns the jobs; the workers (a running service) do them."""
-    jobs = [NewJob(JobType.INDEX, report.tenant_slug, str(i), {"archive_id": i, "repair": True})
-            for i in report.missing]
-    jobs += [NewJob(JobType.DELETE, report.tenant_slug, str(i), {"repair": True})
-             for i in report.extra]
+    document, unless that job is already queued (a repair run twice before
+    the workers caught up queued every job twice). Returns the new jobs;
+    the workers (a running service) do them."""
     queue = Queue(db)
+    tenant = report.tenant_slug
+    missing = [str(i) for i in report.missing]
+    extra = [str(i) for i in report.extra]
+    queued_index = await queue.open_keys(tenant, JobType.INDEX, missing) if missing else set()
+    queued_delete = await queue.open_keys(tenant, JobType.DELETE, extra) if extra else set()
+    jobs = [NewJob(JobType.INDEX, tenant, key, {"archive_id": int(key), "repair": True})
+            for key in missing if key not in queued_index]
+    jobs += [NewJob(JobType.DELETE, tenant, key, {"repair": True})
+             for key in extra if key not in queued_delete]
     out: list[JobId] = []
     for start in range(0, len(jobs), 5000):
         out.extend(await queue.enqueue_many(jobs[start:start + 5000]))

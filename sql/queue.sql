@@ -227,6 +227,17 @@ SELECT count(*) AS n
 -- Status of many jobs at once. $1 ids.
 SELECT id, status FROM mail_index_jobs WHERE id = ANY($1::bigint[]);
 
+-- name: open_keys
+-- Of the keys $2 of tenant $1, those whose newest unfinished job is of type
+-- $3: work already queued (verify-index --repair does not queue it again).
+-- One probe of mail_index_jobs_key per key, newest first.
+SELECT k.message_id
+  FROM unnest($2::text[]) AS k(message_id)
+ WHERE (SELECT j.job_type FROM mail_index_jobs j
+         WHERE j.tenant_slug = $1 AND j.message_id = k.message_id
+           AND j.status IN ('pending', 'processing')
+         ORDER BY j.id DESC LIMIT 1) = $3;
+
 -- name: stats_tenant
 -- The "stats" query for tenant $1 alone: the HTTP API's GET /queue for one
 -- tenant, which never counts another tenant's jobs. Its own statement, with

@@ -170,8 +170,10 @@ def cmd_verify_index(args: argparse.Namespace, settings: Settings, url: str) -> 
         consistent &= report.consistent
         jobs = repaired.get(report.tenant_slug)
         hint = ""
-        if jobs:
-            hint = f"  <- repair: {len(jobs)} job(s) queued for the workers"
+        if jobs is not None:
+            already = len(report.missing) + len(report.extra) - len(jobs)
+            hint = f"  <- repair: {len(jobs)} job(s) queued for the workers" + (
+                f", {already} already queued" if already else "")
         elif not report.consistent:
             hint = f"  <- run: {command_name()} verify-index --repair --tenant {report.tenant_slug}"
         print(f"{report.tenant_slug}: {report.archived} archived, {report.indexed} indexed, "

@@ -239,6 +239,14 @@ class Queue:
             created_at=row["created_at"], updated_at=row["updated_at"],
             finished_at=row["finished_at"])
 
+    async def open_keys(self, tenant_slug: str, job_type: JobType,
+                        message_ids: Sequence[str]) -> set[str]:
+        """The keys among ``message_ids`` whose newest unfinished job (pending
+        or processing) is of ``job_type``: that work is already queued."""
+        rows = await self.db.fetch(_SQL["open_keys"], tenant_slug, list(message_ids),
+                                   job_type.value)
+        return {r["message_id"] for r in rows}
+
     async def statuses(self, job_ids: Sequence[int]) -> dict[JobId, JobStatus]:
         """Statuses of many jobs in one query; unknown ids are absent."""
         rows = await self.db.fetch(_SQL["statuses"], [int(i) for i in job_ids])
