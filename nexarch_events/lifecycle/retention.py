@@ -28,7 +28,7 @@ import trio
 
 from ..aio import Database
 from ..db import sqlfiles
-from ..errors import DatabaseTransient, InvalidJobError
+from ..errors import DatabaseRejected, DatabaseTransient, InvalidJobError
 from ..index.base import IndexBackend, IndexUnavailable
 from ..mail.mime.dates import header_date
 from ..mail.mime.headers import TOP_FIELDS, read_headers
@@ -154,12 +154,15 @@ class Retention:
         error: str | None = None
         try:
             await self._erase_expired(tenant, cutoff, target, audit_id, erased, held)
-        except UnevaluableHold as exc:
+        except (UnevaluableHold, DatabaseRejected) as exc:
             # Permanent for this tenant: a query hold that cannot be
-            # evaluated, so held mail cannot be told apart; its mail stays,
-            # the other tenants' passes go on, and the audit row says why.
-            # (An outage propagates: the task backs off and starts over.)
-            error = str(exc)
+            # evaluated, so held mail cannot be told apart, or data of this
+            # tenant's the database refuses (a CHECK, a trigger of the
+            # operator's); its mail stays, the other tenants' passes go on,
+            # and the audit row says why. (An outage propagates: the task
+            # backs off and starts over.)
+            error = str(exc) if isinstance(exc, UnevaluableHold) else \
+                f"the database refused an erasure: {exc}"
             log.warning("retention tenant=%s: pass stopped after %d erased: %s", tenant,
                         len(erased), error)
             target["error"] = error[:1000]

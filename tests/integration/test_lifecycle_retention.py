@@ -325,3 +325,39 @@ async def test_the_service_runs_a_pass_at_start(db: Database, database_url: str,
     assert await Archive(db).ids("acme") == []
     [entry] = await audit.entries(db, tenant_slug="acme")
     assert entry.action == audit.AuditAction.RETENTION_PASS and entry.target["ids"] == [old]
+
+
+async def test_a_tenant_whose_erasure_the_database_refuses_stops_only_its_own_pass(
+        env: Env) -> None:
+    """An erasure the database refuses for its data (SQLSTATE class 22/23: a
+    CHECK, a trigger of the operator's) escaped the retention task, and the
+    service stopped, at every start. It is permanent for that tenant's
+    pass: the audit row says why, the other tenants' passes go on. The
+    refusal is real: a trigger raising check_violation for one tenant."""
+    old = "Mon, 01 Jan 2001 00:00:00 +0000"
+    archive = Archive(env.db)
+    kept = (await archive.store("acme", mail("acme-old", old))).archive_id
+    gone = (await archive.store("zeta", mail("zeta-old", old))).archive_id
+    await env.settle()
+    await env.db.execute("""
+        CREATE FUNCTION test_refuse_acme() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN RAISE EXCEPTION 'acme mail is frozen' USING ERRCODE = 'check_violation'; END $$;
+        CREATE TRIGGER test_refuse_acme BEFORE DELETE ON mail_archive
+            FOR EACH ROW WHEN (OLD.tenant_slug = 'acme') EXECUTE FUNCTION test_refuse_acme();
+    """)
+    try:
+        retention = Retention(env.db, env.backend,
+                              RetentionSettings(days=(("acme", 30), ("zeta", 30))))
+        results = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC)) or []
+    finally:
+        await env.db.execute("DROP TRIGGER test_refuse_acme ON mail_archive; "
+                             "DROP FUNCTION test_refuse_acme()")
+    by_tenant = {r.tenant_slug: r for r in results}
+    assert by_tenant["zeta"].erased == (gone,)
+    assert by_tenant["acme"].erased == ()
+    error = by_tenant["acme"].error
+    assert error is not None and "23514" in error and "acme mail is frozen" in error
+    assert await archive.ids("acme") == [kept]
+    row = await env.db.fetchrow("SELECT target FROM mail_audit_log WHERE id = $1",
+                                by_tenant["acme"].audit_id)
+    assert row is not None and "acme mail is frozen" in json.loads(row["target"])["error"]
