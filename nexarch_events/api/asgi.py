@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 
 import trio
 
-from ..errors import DatabaseUnavailable, NexarchError
+from ..errors import DatabaseTransient, DatabaseUnavailable, NexarchError
 from ..index.base import IndexUnavailable
 
 log = logging.getLogger("nexarch_events.api")
@@ -459,13 +459,16 @@ class AsgiApp:
                                                body=body, body_fields=route.body))
         except ApiError as exc:
             return error_response(exc)
-        except (DatabaseUnavailable, IndexUnavailable) as exc:
+        except (DatabaseTransient, IndexUnavailable) as exc:
             # The details (database names, SQL, hosts) go to the log, not to
-            # whoever holds a token (found by an audit).
+            # whoever holds a token (found by an audit). A statement or lock
+            # timeout is an outage too, not a failed request (500).
             log.warning("api: a backend is unavailable: %s", exc)
-            what = "the database" if isinstance(exc, DatabaseUnavailable) else "the search index"
-            return error_response(ApiError(503, f"temporarily unavailable: {what} cannot be "
-                                                "reached; retry later"))
+            what = "the search index is unavailable or busy" if isinstance(exc, IndexUnavailable) \
+                else "the database cannot be reached" if isinstance(exc, DatabaseUnavailable) \
+                else "the database is busy"
+            return error_response(ApiError(503, f"temporarily unavailable: {what}; "
+                                                "retry later"))
         except NexarchError as exc:
             log.exception("api: request failed")
             return error_response(ApiError(500, f"the request failed ({type(exc).__name__}); "

@@ -55,7 +55,7 @@ from collections.abc import Iterator, Sequence
 
 from ..aio import Database
 from ..db import sqlfiles
-from ..errors import DatabaseError, DatabaseUnavailable
+from ..errors import DatabaseError, DatabaseTransient
 from ..models import validate_tenant_slug
 from .base import (
     CONTINUOUS_RUN,
@@ -346,10 +346,16 @@ class PostgresIndex:
                 [_vector_text(f"{n} {d.attachment_text[:cap]}", stem + 10_000)
                  for n, d in zip(names, docs, strict=True)],
                 job_ids, leases, [d.received_at for d in docs])
-        except DatabaseUnavailable as exc:
-            raise IndexUnavailable(f"postgres index: {exc}") from exc
+        except DatabaseTransient as exc:
+            # 54000 here is a vector over Postgres' limit (this statement
+            # sends no NOTIFY): the data's fault. Any other transient error
+            # (a lock or statement timeout, a deadlock, a full disk) is an
+            # outage: retried, never bisected into permanent failures.
+            if exc.sqlstate != "54000":
+                raise IndexUnavailable(f"postgres index: {exc}") from exc
+            raise IndexRejected(f"postgres index refused the batch: {exc}") from exc
         except DatabaseError as exc:
-            # 54000: a vector over Postgres' limit; 22xxx: data the text type refuses.
+            # 22xxx: data the text type refuses.
             raise IndexRejected(f"postgres index refused the batch: {exc}") from exc
         _log_fenced("upsert", len(docs), len(written), fences)
 
@@ -360,7 +366,7 @@ class PostgresIndex:
         try:
             await self.db.fetch(_SQL["delete"], tenant_slug, [int(i) for i in archive_ids],
                                 job_ids, leases)
-        except DatabaseUnavailable as exc:
+        except DatabaseTransient as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
 
     async def search(self, query: SearchQuery) -> SearchResult:
@@ -388,7 +394,7 @@ class PostgresIndex:
                     _SQL["search_all"], query.tenant_slug, sender, query.date_from,
                     query.date_to, query.mailbox, query.limit, query.offset, cap,
                     query.received_from, query.received_to, query.sort)
-        except DatabaseUnavailable as exc:
+        except DatabaseTransient as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
@@ -418,5 +424,5 @@ class PostgresIndex:
         validate_tenant_slug(tenant_slug)
         try:
             await self.db.execute(_SQL["drop_tenant"], tenant_slug)
-        except DatabaseUnavailable as exc:
+        except DatabaseTransient as exc:
             raise IndexUnavailable(f"postgres index: {exc}") from exc

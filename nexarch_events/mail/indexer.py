@@ -27,7 +27,7 @@ import trio
 
 from ..aio import Database
 from ..db import sqlfiles
-from ..errors import DatabaseUnavailable
+from ..errors import DatabaseTransient
 from ..index.base import (
     IndexBackend,
     IndexDocument,
@@ -220,7 +220,7 @@ class Indexer:
             rows = await self.db.fetch(_SQL["erased_among"],
                                        [d.tenant_slug for _, d in written],
                                        [d.archive_id for _, d in written])
-        except DatabaseUnavailable as exc:
+        except DatabaseTransient as exc:
             for job, _ in written:
                 failures[job.id] = Failure(f"cannot check for erasures after the write: {exc}")
             return
@@ -247,5 +247,5 @@ class Indexer:
             await self.db.execute(_SQL["set_notes"], list(notes),
                                   [tenant for tenant, _ in notes.values()],
                                   [json.dumps(list(n)) for _, n in notes.values()])
-        except DatabaseUnavailable:
+        except DatabaseTransient:
             log.warning("could not record index notes for %d message(s)", len(notes))

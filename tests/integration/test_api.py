@@ -1507,3 +1507,24 @@ async def test_a_client_that_reads_nothing_is_dropped_and_never_holds_the_shutdo
         nursery.cancel_scope.cancel()
     sock.close()
     assert took < 10, f"shutdown waited {took:.1f} s for a client that reads nothing"
+
+
+async def test_a_search_that_meets_a_lock_timeout_answers_503(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    """A statement or lock timeout answered 500, "the request failed", as if
+    the request were at fault: it is an outage, 503, retry later. The lock
+    is real, held by another session; the API's sessions run with
+    lock_timeout = 300ms."""
+    from tests.integration.test_faults import alter_database
+
+    await alter_database(db, "lock_timeout", "300ms")
+    async with Database.open(database_url, max_size=10) as timed, \
+            open_env(timed, database_url, fast_settings) as env, db.acquire() as holder:
+        assert (await env.client.get("/search", env.tokens.acme,
+                                     params={"q": "otter"})).status_code == 200
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE mail_search_documents IN ACCESS EXCLUSIVE MODE")
+            busy = await env.client.get("/search", env.tokens.acme, params={"q": "otter"})
+        assert busy.status_code == 503, busy.text
+        assert "the search index is unavailable or busy" in busy.json()["error"]
+        assert "mail_search_documents" not in busy.text

@@ -183,3 +183,35 @@ async def test_a_query_whose_words_postgres_drops_never_widens_to_everything(
         assert await find_ids(index, "tenant-a", text) == set(), text
     assert await found(index, "zebrafinch -otter") == [1]
     assert await found(index, "in report -otter") == [1]  # the stop word alone drops
+
+
+async def test_a_lock_timeout_is_an_outage_of_the_index_not_a_refusal_of_its_data(
+        db: Database, database_url: str) -> None:
+    """Any database error but "connection lost" was IndexRejected: under a
+    lock or statement timeout (a vacuum full, an operator's ALTER) the
+    indexer bisected the batch and failed each of its jobs for good, and
+    the API answered a search with 500. A transient error is an outage:
+    the jobs retry, the API says 503. The lock is real, held by another
+    session; the index's sessions run with lock_timeout = 300ms."""
+    from nexarch_events.index.base import IndexRejected, IndexUnavailable
+    from tests.integration.test_faults import alter_database
+
+    await PostgresIndex(db).upsert([doc(1, body="first words")])
+    await alter_database(db, "lock_timeout", "300ms")
+    async with Database.open(database_url, max_size=2) as timed, db.acquire() as holder:
+        index = PostgresIndex(timed)
+        async with holder.transaction():
+            await holder.execute("LOCK TABLE mail_search_documents IN ACCESS EXCLUSIVE MODE")
+            with pytest.raises(IndexUnavailable, match="55P03"):
+                await index.upsert([doc(2, body="second words")])
+            with pytest.raises(IndexUnavailable, match="55P03"):
+                await index.delete("tenant-a", [1])
+            with pytest.raises(IndexUnavailable, match="55P03"):
+                await index.search(SearchQuery("tenant-a", "first"))
+        await index.upsert([doc(2, body="second words")])
+        assert await found(index, "second") == [2]
+        # The data's fault stays permanent: a CHECK the row breaks.
+        await holder.execute("ALTER TABLE mail_search_documents ADD CONSTRAINT test_no_zebra "
+                             "CHECK (body NOT LIKE '%zebra%') NOT VALID")
+        with pytest.raises(IndexRejected, match="23514"):
+            await index.upsert([doc(3, body="a zebra")])

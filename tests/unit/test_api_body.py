@@ -163,7 +163,7 @@ async def test_a_body_that_never_completes_is_refused_after_the_timeout(
 
 @pytest.mark.parametrize(("error", "status", "shown", "hidden"), [
     ("database", 503, "the database cannot be reached", "nexarch_secret_db"),
-    ("index", 503, "the search index cannot be reached", "manticore.internal"),
+    ("index", 503, "the search index is unavailable or busy", "manticore.internal"),
     ("other", 500, "the request failed (DatabaseRejected)", "violates check constraint"),
 ])
 async def test_backend_errors_name_no_internals(error: str, status: int, shown: str,
