@@ -99,8 +99,13 @@ async def reindex(db: Database, settings: Settings, backend: IndexBackend, tenan
     """Rebuild one tenant's index from the archive. Blocks until every job it
     enqueued has finished (succeeded or failed for good)."""
     validate_tenant_slug(tenant_slug)
+    # The index first, as verify does: a message archived and indexed
+    # between the two reads is then in both, where in the other order it
+    # looked like a stale document, and its delete job took a live
+    # message out of search (a race audit).
+    indexed = await backend.document_ids(tenant_slug)
     archived = await Archive(db).ids(tenant_slug)
-    extra = sorted(await backend.document_ids(tenant_slug) - set(archived))
+    extra = sorted(indexed - set(archived))
     jobs = [NewJob(JobType.INDEX, tenant_slug, str(i), {"archive_id": i, "reindex": True})
             for i in archived]
     jobs += [NewJob(JobType.DELETE, tenant_slug, str(i)) for i in extra]
