@@ -212,9 +212,15 @@ SELECT DISTINCT mailbox FROM located
  ORDER BY mailbox;
 
 -- name: drop_tenant_pending_jobs
--- Pending index jobs of a tenant being erased whole.
-DELETE FROM mail_index_jobs
- WHERE tenant_slug = $1 AND job_type = 'index' AND status = 'pending'
+-- Pending index jobs of a tenant being erased whole, except those of mail
+-- archived while the erasure ran (after its last batch: an import run
+-- still in flight, an archive call): that mail stays, and is indexed.
+DELETE FROM mail_index_jobs j
+ WHERE j.tenant_slug = $1 AND j.job_type = 'index' AND j.status = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM mail_archive a
+                    WHERE a.tenant_slug = $1
+                      AND a.id = CASE WHEN j.message_id ~ '^[0-9]{1,18}$'
+                                      THEN j.message_id::bigint END)
 RETURNING id;
 
 -- name: tenant_count

@@ -130,8 +130,12 @@ SELECT archive_id FROM mail_search_documents
  LIMIT $3::int;
 
 -- name: drop_tenant
--- Every document of tenant $1 (erasure of a whole tenant).
-DELETE FROM mail_search_documents WHERE tenant_slug = $1;
+-- Every document of tenant $1 (erasure of a whole tenant), except those of
+-- mail archived again while the erasure ran: it stays, and searchable.
+DELETE FROM mail_search_documents d
+ WHERE d.tenant_slug = $1
+   AND NOT EXISTS (SELECT 1 FROM mail_archive a
+                    WHERE a.tenant_slug = $1 AND a.id = d.archive_id);
 
 -- name: text_search_configs
 -- Which of the configured search languages ($1) this server has

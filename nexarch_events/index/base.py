@@ -381,7 +381,10 @@ class IndexBackend(Protocol):
     async def drop_tenant(self, tenant_slug: str) -> None:
         """Remove every document of a tenant, and its table where the
         backend keeps one per tenant (erasure of a whole tenant;
-        idempotent). A later write for the tenant starts afresh."""
+        idempotent). A later write for the tenant starts afresh. Called
+        when the archive holds nothing of the tenant; a backend that can
+        (Postgres) spares, in the same statement, documents of mail
+        archived since."""
 
 
 def render_snippet(marked: str) -> str:

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import pytest
 import trio
 
 from nexarch_events.aio import Database
+from nexarch_events.db import sqlfiles
 from nexarch_events.index.base import IndexBackend, SearchQuery
 from nexarch_events.lifecycle import audit
 from nexarch_events.lifecycle.erasure import Eraser, HeldByLegalHold, MessageNotFound
@@ -23,6 +25,8 @@ from nexarch_events.queue.jobs import Queue
 from nexarch_events.service import QueueService
 from nexarch_events.settings import QueueSettings, Settings
 from tests.support.backends import open_backend
+
+lifecycle_sql = sqlfiles.queries("lifecycle.sql")
 
 
 def mail(n: int, word: str, *, date: str = "Mon, 01 Jan 2024 10:00:00 +0000") -> bytes:
@@ -94,6 +98,40 @@ async def test_erase_one_message(env: Env) -> None:
     assert rows[1].target["ids"] == [a]
     dumped = json.dumps([r.target for r in rows])
     assert "invoice" not in dumped and "secretword" not in dumped and "Sender" not in dumped
+
+
+async def test_mail_archived_after_a_tenant_erasures_last_batch_stays_searchable(
+        env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After its last batch, erase_tenant dropped every pending index job
+    and every document of the tenant: a message archived in between (an
+    import run still in flight, an archive call) stayed archived but was
+    never found again (a race audit). It is kept whole now, and counted."""
+    ids = {await env.store("acme", n, "report") for n in range(1, 4)}
+    await env.settle()
+    late: list[int] = []
+    real_fetch = env.db.fetch
+
+    async def fetch(query: str, *args: object) -> list[Any]:
+        rows = await real_fetch(query, *args)
+        if not rows and not late and query == lifecycle_sql["ids_page"]:
+            late.append(await env.store("acme", 9, "latecomer"))
+            # Indexed or not yet: both must survive the erasure's end.
+            with trio.move_on_after(0.2):
+                while not await env.found("acme", "latecomer"):
+                    await trio.sleep(0.02)
+        return rows
+
+    monkeypatch.setattr(env.db, "fetch", fetch)
+    result = await env.eraser.erase_tenant("acme", actor="carol")
+    monkeypatch.undo()
+    assert result.erased == len(ids) and late
+    await env.proof(result.delete_jobs)
+    await env.settle()
+    assert await env.archive.ids("acme") == late
+    assert await env.found("acme", "latecomer") == set(late)
+    assert await env.found("acme", "report") == set()
+    entry = (await audit.entries(env.db, tenant_slug="acme"))[0]
+    assert entry.target["kept_archived_meanwhile"] == 1
 
 
 async def test_erase_by_query_lists_then_erases(env: Env) -> None:
