@@ -10,7 +10,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from nexarch_events.aio import Database
+from nexarch_events.aio import Connection, Database
 from nexarch_events.errors import InvalidJobError, JobNotFound, NoJobAvailable
 from nexarch_events.models import (
     MAX_PAYLOAD_BYTES,
@@ -394,6 +394,32 @@ async def test_delete_after_index_waits_for_the_index(db: Database) -> None:
     assert [j.id for j in last] == [delete_id]
 
 
+async def test_a_job_committed_late_waits_for_the_running_job_of_its_message(
+        db: Database) -> None:
+    """An id is drawn at INSERT and seen at COMMIT. An index job whose
+    enqueue committed after a later-id delete of the same message had
+    started was claimed beside it: both ran at once, and the delete's
+    outcome was announced first (a race audit, with a plain-SQL producer).
+    Now it waits until the running job of its message has finished."""
+    queue = Queue(db)
+    producer = await Connection.open(db.dsn)
+    try:
+        async with producer.transaction():
+            late_index = await producer.fetchval(
+                "INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id) "
+                "VALUES ('index', 'acme', 'm1') RETURNING id")
+            delete_id = await queue.enqueue_delete("acme", "m1")
+            assert late_index < delete_id
+            running = await queue.claim(10, "w1")
+            assert [j.id for j in running] == [delete_id]
+    finally:
+        await producer.aclose()
+    other = await queue.enqueue_index("acme", "m2", {})
+    assert [j.id for j in await queue.claim(10, "w2")] == [other]
+    await queue.complete(running)
+    assert [j.id for j in await queue.claim(10, "w2")] == [late_index]
+
+
 async def test_failed_job_unblocks_the_next_of_its_message(queue: Queue) -> None:
     index_id = await _fail_permanently(queue, "acme", "m1")
     delete_id = await queue.enqueue_delete("acme", "m1")
@@ -589,6 +615,32 @@ async def test_enqueue_notifies_once_per_statement(queue: Queue, db: Database,
         data = json.loads((await _next_notification(sub)).payload)
         assert data["event"] == "enqueued" and data["ready"] == 1
         assert data["next_due"] is None
+        nursery.cancel_scope.cancel()
+
+
+async def test_released_and_reclaimed_jobs_announce_that_they_are_ready_again(
+        queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
+    """docs/events.md's `released` and `reclaimed` payloads: the id range of
+    the jobs ready again, and how many."""
+    listener = Listener(db.dsn, fast_settings)
+    wake = listener.subscribe(INDEX_JOBS_CHANNEL)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        ids = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", f"m{n}", {})
+                                        for n in range(3)])
+        assert json.loads((await _next_notification(wake)).payload)["event"] == "enqueued"
+        claimed = await queue.claim(10, "w")
+        await queue.release(claimed[:2])
+        data = json.loads((await _next_notification(wake)).payload)
+        assert (data["v"], data["event"]) == (1, "released")
+        assert (data["ready"], data["first_id"], data["last_id"]) == (2, ids[0], ids[1])
+        await db.execute("UPDATE mail_index_jobs SET heartbeat_at = now() - interval '1 hour' "
+                         "WHERE id = $1", ids[2])
+        assert [r.id for r in await queue.reclaim_stale_jobs()] == [ids[2]]
+        data = json.loads((await _next_notification(wake)).payload)
+        assert (data["v"], data["event"]) == (1, "reclaimed")
+        assert (data["first_id"], data["last_id"]) == (ids[2], ids[2])
+        await _no_more_notifications(wake)
         nursery.cancel_scope.cancel()
 
 
