@@ -42,9 +42,27 @@ class DatabaseTransient(DatabaseError):
     into these classes (table in docs/database-errors.md)."""
 
 
+def is_outage(exc: DatabaseTransient) -> bool:
+    """Whether a transient error says the database is out of reach or busy
+    whatever the statement (a lost connection, a lock timeout, a deadlock, a
+    full disk), rather than that this statement ran too long: a statement
+    timeout (57014) or asyncpg's command timeout (no SQLSTATE) may be the
+    statement's own doing, a huge document. See ``Failure.outage``."""
+    if isinstance(exc, DatabaseTimedOut):
+        return False
+    if exc.sqlstate is None:
+        return isinstance(exc, DatabaseUnavailable)  # lost, closed, refused
+    return exc.sqlstate not in ("57014", "54000")
+
+
 class DatabaseUnavailable(DatabaseTransient):
     """The connection broke under us or could not be made (retry later, on a
     new connection)."""
+
+
+class DatabaseTimedOut(DatabaseUnavailable):
+    """A statement outlived NEXARCH_COMMAND_TIMEOUT (asyncpg's timeout): a
+    half-open socket, or a statement that runs too long."""
 
 
 class DatabaseRejected(DatabaseError):

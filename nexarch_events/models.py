@@ -207,10 +207,18 @@ class Job:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why one job of a batch failed. ``permanent`` skips the retries."""
+    """Why one job of a batch failed. ``permanent`` skips the retries.
+
+    ``outage``: not the job's fault, something it needs is out of reach or
+    busy (the index or the database down, a lock timeout). The job is
+    retried after the usual backoff, but the attempt is refunded: an outage
+    longer than the retries (five in about 100 s by default) failed every
+    job that met it for good, and their mail never became searchable (a
+    crash audit). Only for errors that cannot be the job's own doing."""
 
     error: str
     permanent: bool = False
+    outage: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,36 @@ wake AS (
 )
 SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 
+-- name: postpone
+-- Jobs that met an outage (models.Failure.outage: the index or the database
+-- out of reach or busy, not the job's fault): pending again after the
+-- usual backoff, with the error, and the attempt the claim took refunded,
+-- so an outage longer than the retries never fails a job for good. Every
+-- process's sweeper learns when the first falls due, as after an ack.
+-- $1 ids, $2 leases, $3 errors, $4 backoff base seconds, $5 backoff cap.
+WITH postponed AS (
+    UPDATE mail_index_jobs j
+       SET status = 'pending',
+           attempts = GREATEST(j.attempts - 1, 0),
+           available_at = now() + make_interval(
+               secs => LEAST(GREATEST(j.attempts, 1), $5::int) * $4::float8),
+           last_error = a.error,
+           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
+           updated_at = now()
+      FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS a(id, lease, error)
+     WHERE j.id = a.id
+       AND j.lease = a.lease
+ RETURNING j.id, j.available_at
+),
+wake AS (
+    SELECT pg_notify('nexarch_index_jobs', json_build_object(
+               'v', 1, 'event', 'retry_scheduled', 'ready', 0,
+               'next_due', extract(epoch FROM min(available_at)))::text)
+      FROM postponed
+    HAVING count(*) > 0
+)
+SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
+
 -- name: reclaim_stale
 -- $1 stale-after seconds. A lease whose heartbeat is older than that belongs
 -- to a dead worker (a live one heartbeats several times per period).

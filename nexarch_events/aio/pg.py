@@ -29,6 +29,7 @@ from ..errors import (
     DatabaseError,
     DatabasePoolerError,
     DatabaseRejected,
+    DatabaseTimedOut,
     DatabaseTransient,
     DatabaseUnavailable,
     DatabaseUrlError,
@@ -150,7 +151,9 @@ def translate(exc: BaseException) -> DatabaseError | None:
         return DatabaseUnavailable(f"connection unusable: {exc}")
     if isinstance(exc, asyncpg.InterfaceError) and "closed" in str(exc):
         return DatabaseUnavailable(f"connection closed: {exc}")
-    if isinstance(exc, (OSError, asyncio.TimeoutError, EOFError)):
+    if isinstance(exc, asyncio.TimeoutError):
+        return DatabaseTimedOut(f"cannot reach Postgres: {type(exc).__name__}: {exc}")
+    if isinstance(exc, (OSError, EOFError)):
         return DatabaseUnavailable(f"cannot reach Postgres: {type(exc).__name__}: {exc}")
     return None
 

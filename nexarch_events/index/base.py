@@ -49,7 +49,17 @@ class IndexBackendError(NexarchError):
 
 
 class IndexUnavailable(IndexBackendError):
-    """The index cannot be reached or answered 5xx/timeout: retry later."""
+    """The index cannot be reached or answered 5xx/timeout: retry later.
+
+    ``outage``: the index could not be reached at all or said it is busy
+    (a refused connection, 502/503/429, a lost database connection, a lock
+    timeout): nothing to do with the request, so a job that meets it is
+    not charged an attempt (``Failure.outage``). A timeout or a 500 may be
+    the request's own doing (a huge document): charged, as any failure."""
+
+    def __init__(self, message: str, *, outage: bool = False) -> None:
+        super().__init__(message)
+        self.outage = outage
 
 
 class IndexRejected(IndexBackendError):

@@ -223,6 +223,9 @@ _PERMANENT = re.compile(
     r"|packet too large|too large", re.IGNORECASE)
 #: Statuses that mean "busy or in the way", whatever the body says.
 _RETRYABLE_STATUS: Final = frozenset({408, 425, 429, 502, 503, 504})
+#: Of those, the answers that say the server is down or busy whatever was
+#: asked (a timeout may be the request's own doing): IndexUnavailable.outage.
+_OUTAGE_STATUS: Final = frozenset({425, 429, 502, 503})
 #: One request may take at most this many times the configured timeout in
 #: all (the timeout itself bounds each phase: connect, each read, ...).
 TOTAL_TIMEOUT_FACTOR: Final = 4
@@ -945,7 +948,7 @@ class ManticoreBackend:
 
     def _unavailable(self, path: str, status: int, what: str) -> IndexUnavailable:
         return IndexUnavailable(f"{self._label(path)}: HTTP {status} with {what}; "
-                                "retry later")
+                                "retry later", outage=status in _OUTAGE_STATUS)
 
     async def _call(self, path: str, content: bytes, content_type: str, *,
                     params: dict[str, str] | None = None) -> object:
@@ -975,7 +978,8 @@ class ManticoreBackend:
                 raise IndexUnavailable(
                     f"{label}: TLS handshake failed (certificates are verified; pass "
                     f"verify=<CA bundle> for a private CA): {detail}") from exc
-            raise IndexUnavailable(f"{label}: cannot connect: {detail}; retry later") from exc
+            raise IndexUnavailable(f"{label}: cannot connect: {detail}; retry later",
+                                   outage=True) from exc
         except httpx.TransportError as exc:
             detail, _ = _describe(exc)
             raise IndexUnavailable(
@@ -1016,7 +1020,7 @@ class ManticoreBackend:
             # ("... absent, retry in a second"); "missing" would make a
             # delete a no-op and a search empty (found by an audit).
             return IndexUnavailable(f"{label}: HTTP {status}, busy or unreachable; retry "
-                                    f"later ({said})")
+                                    f"later ({said})", outage=status in _OUTAGE_STATUS)
         if message and re.search(r"duplicate id", message, re.IGNORECASE):
             return DuplicateId(f"{label}: HTTP {status}, a document id exists ({said})")
         if message and _MISSING_TABLE.search(message):

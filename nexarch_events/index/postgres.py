@@ -55,7 +55,7 @@ from collections.abc import Iterator, Sequence
 
 from ..aio import Database
 from ..db import sqlfiles
-from ..errors import DatabaseError, DatabaseTransient
+from ..errors import DatabaseError, DatabaseTransient, is_outage
 from ..models import validate_tenant_slug
 from .base import (
     CONTINUOUS_RUN,
@@ -352,7 +352,8 @@ class PostgresIndex:
             # (a lock or statement timeout, a deadlock, a full disk) is an
             # outage: retried, never bisected into permanent failures.
             if exc.sqlstate != "54000":
-                raise IndexUnavailable(f"postgres index: {exc}") from exc
+                raise IndexUnavailable(f"postgres index: {exc}",
+                                       outage=is_outage(exc)) from exc
             raise IndexRejected(f"postgres index refused the batch: {exc}") from exc
         except DatabaseError as exc:
             # 22xxx: data the text type refuses.
@@ -367,7 +368,7 @@ class PostgresIndex:
             await self.db.fetch(_SQL["delete"], tenant_slug, [int(i) for i in archive_ids],
                                 job_ids, leases)
         except DatabaseTransient as exc:
-            raise IndexUnavailable(f"postgres index: {exc}") from exc
+            raise IndexUnavailable(f"postgres index: {exc}", outage=is_outage(exc)) from exc
 
     async def search(self, query: SearchQuery) -> SearchResult:
         parsed = parse_query(query.text)
@@ -395,7 +396,7 @@ class PostgresIndex:
                     query.date_to, query.mailbox, query.limit, query.offset, cap,
                     query.received_from, query.received_to, query.sort)
         except DatabaseTransient as exc:
-            raise IndexUnavailable(f"postgres index: {exc}") from exc
+            raise IndexUnavailable(f"postgres index: {exc}", outage=is_outage(exc)) from exc
         hits = tuple(
             SearchHit(archive_id=r["archive_id"], score=float(r["score"]), subject=r["subject"],
                       sender=r["sender"], sent_at=r["sent_at"], received_at=r["received_at"],
@@ -425,4 +426,4 @@ class PostgresIndex:
         try:
             await self.db.execute(_SQL["drop_tenant"], tenant_slug)
         except DatabaseTransient as exc:
-            raise IndexUnavailable(f"postgres index: {exc}") from exc
+            raise IndexUnavailable(f"postgres index: {exc}", outage=is_outage(exc)) from exc

@@ -27,7 +27,7 @@ import trio
 
 from ..aio import Database
 from ..db import sqlfiles
-from ..errors import DatabaseTransient
+from ..errors import DatabaseTransient, is_outage
 from ..index.base import (
     IndexBackend,
     IndexDocument,
@@ -95,6 +95,14 @@ def _parse(stored: StoredMessage, max_text_chars: int
     return document, None, parsed.notes
 
 
+
+def index_failure(exc: IndexUnavailable | IndexRejected) -> Failure:
+    """A job's failure for the index's error: a refusal is permanent, an
+    outage is not charged (Failure.outage), anything else is retried."""
+    if isinstance(exc, IndexRejected):
+        return Failure(str(exc), permanent=True)
+    return Failure(str(exc), outage=exc.outage)
+
 class Indexer:
     def __init__(self, db: Database, backend: IndexBackend, *,
                  max_text_chars: int = mime.DEFAULT_MAX_TEXT_CHARS) -> None:
@@ -151,8 +159,7 @@ class Indexer:
                 # A table of another schema is permanent (IndexRejected), not "retry later".
                 for job, document in documents:
                     if document.tenant_slug == tenant:
-                        failures[job.id] = Failure(str(exc),
-                                                   permanent=isinstance(exc, IndexRejected))
+                        failures[job.id] = index_failure(exc)
                 documents = [(j, d) for j, d in documents if d.tenant_slug != tenant]
         await self._upsert(documents, failures)
         if not self.backend.fences_in_database:
@@ -176,9 +183,8 @@ class Indexer:
                 await self.backend.delete(tenant, [archive_id for _, archive_id in pairs],
                                           [fence_of(job) for job, _ in pairs])
             except (IndexUnavailable, IndexRejected) as exc:
-                permanent = isinstance(exc, IndexRejected)
                 for job, _ in pairs:
-                    failures[job.id] = Failure(str(exc), permanent=permanent)
+                    failures[job.id] = index_failure(exc)
         return failures
 
     async def _ensure_schema(self, tenant: str) -> None:
@@ -194,7 +200,7 @@ class Indexer:
                                       [fence_of(job) for job, _ in pairs])
         except IndexUnavailable as exc:
             for job, _ in pairs:
-                failures[job.id] = Failure(str(exc))
+                failures[job.id] = index_failure(exc)
         except IndexRejected as exc:
             if len(pairs) == 1:
                 failures[pairs[0][0].id] = Failure(str(exc), permanent=True)
@@ -222,7 +228,8 @@ class Indexer:
                                        [d.archive_id for _, d in written])
         except DatabaseTransient as exc:
             for job, _ in written:
-                failures[job.id] = Failure(f"cannot check for erasures after the write: {exc}")
+                failures[job.id] = Failure(f"cannot check for erasures after the write: {exc}",
+                                           outage=is_outage(exc))
             return
         erased: dict[str, list[int]] = {}
         for row in rows:

@@ -123,17 +123,22 @@ class Queue:
         once if permanent). Jobs whose lease was taken over are refused."""
         if not outcomes:
             return AckResult({}, ())
+        outcomes, postponed = await self._postpone(outcomes)
+        if not outcomes:
+            return postponed
         rows = await self.db.fetch(
             _SQL["ack"],
             [job.id for job, _ in outcomes], [job.lease for job, _ in outcomes],
             [None if f is None else _clip_error(f.error) for _, f in outcomes],
             [False if f is None else f.permanent for _, f in outcomes],
             float(self.settings.backoff_base), self.settings.backoff_cap)
-        return self._ack_result(rows, (job.id for job, _ in outcomes))
+        return _merged(self._ack_result(rows, (job.id for job, _ in outcomes)), postponed)
 
     async def ack_and_claim(self, outcomes: Sequence[tuple[ClaimedJob, Failure | None]],
                             limit: int, worker_id: str) -> tuple[AckResult, list[ClaimedJob]]:
-        """``ack`` then ``claim``, in one statement and one round trip."""
+        """``ack`` then ``claim``, in one statement and one round trip (two
+        when some outcome is an outage)."""
+        outcomes, postponed = await self._postpone(outcomes)
         rows = await self.db.fetch(
             _SQL["ack_and_claim"],
             [job.id for job, _ in outcomes], [job.lease for job, _ in outcomes],
@@ -142,7 +147,26 @@ class Queue:
             float(self.settings.backoff_base), self.settings.backoff_cap, limit, worker_id)
         acked = [row for row in rows if row["acked"]]
         claimed = sorted((_claimed(row) for row in rows if not row["acked"]), key=lambda j: j.id)
-        return self._ack_result(acked, (job.id for job, _ in outcomes)), claimed
+        return _merged(self._ack_result(acked, (job.id for job, _ in outcomes)),
+                       postponed), claimed
+
+    async def _postpone(self, outcomes: Sequence[tuple[ClaimedJob, Failure | None]]
+                        ) -> tuple[list[tuple[ClaimedJob, Failure | None]], AckResult]:
+        """Record the outages among ``outcomes`` (Failure.outage): retried
+        after the backoff, the attempt refunded. Returns the other outcomes,
+        and what was recorded (a postponed job is pending again)."""
+        outages = [(job, f) for job, f in outcomes if f is not None and f.outage]
+        if not outages:
+            return list(outcomes), AckResult({}, ())
+        rows = await self.db.fetch(
+            _SQL["postpone"], [job.id for job, _ in outages], [job.lease for job, _ in outages],
+            [_clip_error(f.error) for _, f in outages if f is not None],
+            float(self.settings.backoff_base), self.settings.backoff_cap)
+        kept = {JobId(row["id"]) for row in rows}
+        self.refused_acks += sum(1 for job, _ in outages if job.id not in kept)
+        result = AckResult({job.id: JobStatus.PENDING for job, _ in outages if job.id in kept},
+                           tuple(job.id for job, _ in outages if job.id not in kept))
+        return [(job, f) for job, f in outcomes if f is None or not f.outage], result
 
     async def complete(self, jobs: Sequence[ClaimedJob]) -> AckResult:
         """Mark jobs succeeded (seed: complete)."""
@@ -355,6 +379,10 @@ MAX_ERROR_LENGTH = 4000
 
 def _clip_error(error: str) -> str:
     return storable_text(error, MAX_ERROR_LENGTH)
+
+
+def _merged(first: AckResult, second: AckResult) -> AckResult:
+    return AckResult({**first.statuses, **second.statuses}, first.refused + second.refused)
 
 
 def _stats(row: Row | None) -> QueueStats:

@@ -21,8 +21,9 @@ class Outage:
     """
 
     def __init__(self, what: str, logger: logging.Logger, *, first_delay: float = 0.05,
-                 max_delay: float = 5.0) -> None:
+                 max_delay: float = 5.0, kind: str = "database error") -> None:
         self.what = what
+        self.kind = kind
         self.log = logger
         self.first_delay = first_delay
         self.max_delay = max_delay
@@ -43,9 +44,9 @@ class Outage:
         sqlstate = exc.sqlstate if isinstance(exc, DatabaseError) else None
         if self._since is None:
             self._since = time.monotonic()
-            self.log.warning("%s: database error, backing off and retrying "
+            self.log.warning("%s: %s, backing off and retrying "
                              "(logged once until it recovers) sqlstate=%s error=%s",
-                             self.what, sqlstate or "-", exc)
+                             self.what, self.kind, sqlstate or "-", exc)
         else:
             self.log.debug("%s: still failing, retry in %.2fs sqlstate=%s error=%s",
                            self.what, delay, sqlstate or "-", exc)

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 import trio
 
 from ..aio import Connection, Database
-from ..errors import ConfigurationError, DatabaseTransient, DatabaseUnavailable, JobFailed
+from ..errors import (
+    ConfigurationError,
+    DatabaseTransient,
+    DatabaseUnavailable,
+    JobFailed,
+    is_outage,
+)
 from ..metrics import Metrics
 from ..models import AckResult, ClaimedJob, Failure, JobId, JobType
 from ..settings import QueueSettings
@@ -165,6 +171,7 @@ class WorkerPool:
         self._handler_scopes: set[trio.CancelScope] = set()
         self._log_failed = RateLimited(log, logging.WARNING)
         self._log_retry = RateLimited(log, logging.INFO)
+        self._handler_outages: dict[str, Outage] = {}
 
     @property
     def in_flight(self) -> int:
@@ -273,13 +280,18 @@ class WorkerPool:
         finally:
             done = [(job, outcomes[job.id]) for job in jobs if job.id in outcomes]
             unfinished = [job for job in jobs if job.id not in outcomes]
+            # Every job met an outage: no claim with the ack, and a pause
+            # below, so that workers do not spin through the queue while the
+            # index is down (each job is retried after its backoff).
+            outage_only = bool(done) and all(f is not None and f.outage for _, f in done)
             self._settling.update(job.id for job in jobs)
             # Shielded: a cancelled worker still records what it finished and
             # hands back what it did not. Bounded: stale-lease reclaim covers
             # the case where Postgres does not answer in time.
             bound = max(self.settings.stale_after, 5.0)
             with trio.move_on_after(bound, shield=True) as settle_scope:
-                if finished_normally and not unfinished and not self._stopping:
+                if finished_normally and not unfinished and not self._stopping \
+                        and not outage_only:
                     try:
                         result, next_jobs = await queue.ack_and_claim(
                             done, self.settings.batch_size, worker_id)
@@ -298,6 +310,13 @@ class WorkerPool:
             for job in jobs:
                 self._in_flight.pop(job.id, None)
                 self._settling.discard(job.id)
+        if outage_only:
+            failure = done[0][1]
+            assert failure is not None
+            await trio.sleep(self._handler_outage(worker_id).failed(
+                RuntimeError(failure.error)))
+        elif done:
+            self._handler_outage(worker_id).ok()
         return next_jobs
 
     def _count(self, result: AckResult,
@@ -335,6 +354,16 @@ class WorkerPool:
             log.warning("ack refused for jobs %s: their lease was taken over",
                         list(result.refused))
 
+    def _handler_outage(self, worker_id: str) -> Outage:
+        """The outage (every job of a batch met one) of one worker task."""
+        outage = self._handler_outages.get(worker_id)
+        if outage is None:
+            outage = self._handler_outages[worker_id] = Outage(
+                f"jobs of worker {worker_id or self.name}", log, first_delay=0.5,
+                max_delay=self.settings.reconnect_max, kind="the index or the database is "
+                "out of reach")
+        return outage
+
     async def _run_handlers(self, jobs: list[ClaimedJob],
                             outcomes: dict[JobId, Failure | None]) -> None:
         by_type: dict[JobType, list[ClaimedJob]] = {}
@@ -344,6 +373,13 @@ class WorkerPool:
             handler = self.handlers[job_type]
             try:
                 failures = await handler(group)
+            except DatabaseTransient as exc:
+                # The database is out of reach or busy: not a bug of the
+                # handler's, no traceback; an outage is not charged.
+                log.warning("handler for %s met a database error; retrying its batch of %d: "
+                            "%s", job_type, len(group), exc)
+                failure = Failure(f"{type(exc).__name__}: {exc}", outage=is_outage(exc))
+                failures = {job.id: failure for job in group}
             except Exception as exc:
                 log.exception("handler for %s raised; failing its batch of %d",
                               job_type, len(group))

@@ -6,6 +6,7 @@ Waits are on the job-events channel (the event contract), never on sleeps.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 import trio
@@ -334,3 +335,39 @@ async def test_reindex_leaves_mail_archived_and_indexed_while_it_reads(
     result = await reindex(db, settings, backend, "acme")
     assert arrived and result.removed == 0
     assert arrived[0] in await PostgresIndex.document_ids(backend, "acme")
+
+
+async def test_an_index_outage_longer_than_the_retries_fails_no_job(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    """Each outage the handler met counted as an attempt: five in about
+    100 s by default, and every message archived during a longer outage
+    (a restart, a failover) was failed for good, never searchable (a
+    crash audit). An outage is not charged now; the job waits it out. The
+    outage is real: the index table is locked by another session, the
+    worker's sessions give up after lock_timeout = 200ms; with
+    backoff_base = 0.05 s the old code spent all five attempts in well
+    under a second."""
+    from tests.integration.test_faults import alter_database
+
+    settings = Settings(queue=replace(fast_settings, backoff_base=0.05, backoff_cap=2))
+    stored = await Archive(db).store("acme", next(iter(realistic_messages(1, seed=8))))
+    await alter_database(db, "lock_timeout", "200ms")
+    async with Database.open(database_url, max_size=5) as timed, db.acquire() as holder:
+        service = QueueService(timed, settings, Indexer(timed, PostgresIndex(timed)).handlers())
+        async with trio.open_nursery() as nursery:
+            async with holder.transaction():
+                await holder.execute("LOCK TABLE mail_search_documents IN ACCESS EXCLUSIVE MODE")
+                await nursery.start(service.run)
+                with trio.fail_after(30):
+                    while service.pool.stats.retried < 6:
+                        await trio.sleep(0.05)
+                row = await db.fetchrow("SELECT status, attempts, last_error FROM "
+                                        "mail_index_jobs WHERE id = $1", stored.job_id)
+                assert row["status"] == "pending" and row["attempts"] == 0
+                assert "55P03" in row["last_error"]
+            with trio.fail_after(30):
+                while (await Queue(db).status(stored.job_id)).status != JobStatus.SUCCEEDED:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    found = await PostgresIndex(db).search(SearchQuery("acme", unique_token(0), limit=5))
+    assert [h.archive_id for h in found.hits] == [stored.archive_id]

@@ -41,3 +41,19 @@ def test_the_longest_prefix_wins_and_unknown_codes_are_bugs() -> None:
     assert error_class("53100") is DatabaseTransient
     assert error_class("42883") is DatabaseError
     assert error_class("") is DatabaseError
+
+
+def test_only_errors_that_cannot_be_the_statements_own_doing_are_outages() -> None:
+    from nexarch_events.errors import DatabaseTimedOut, is_outage
+
+    def sorted_as(state: str) -> DatabaseTransient:
+        error = error_class(state)("x", sqlstate=state)
+        assert isinstance(error, DatabaseTransient)
+        return error
+
+    for state in ("55P03", "40P01", "40001", "53100", "25006", "57P01", "08006"):
+        assert is_outage(sorted_as(state)), state
+    for state in ("57014", "54000"):  # a statement timeout; a vector over the limit
+        assert not is_outage(sorted_as(state)), state
+    assert is_outage(DatabaseUnavailable("connection lost"))
+    assert not is_outage(DatabaseTimedOut("command timeout"))

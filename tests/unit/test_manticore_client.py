@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
@@ -558,6 +559,40 @@ async def test_search_errors_map_to_unavailable_or_rejected(
     assert type(caught.value) is error
     assert "/search" in str(caught.value)
     assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize(("status", "body", "outage"), [
+    (503, {"error": "server maxed out, retry in a second"}, True),
+    (429, {"error": "too many requests"}, True),
+    (502, "<html><body>Bad Gateway</body></html>", True),
+    (503, "Service Unavailable", True),
+    # May be the request's own doing (a huge document): charged as a failure.
+    (500, {"error": "internal error: worker pool exhausted"}, False),
+    (500, "Internal Server Error", False),
+    (504, "Gateway Timeout", False),
+])
+async def test_only_a_server_that_is_down_or_busy_is_an_outage(
+        standin: ManticoreStandIn, backend: ManticoreBackend, status: int, body: Any,
+        outage: bool) -> None:
+    """IndexUnavailable.outage decides whether a job that met it is charged
+    an attempt (models.Failure.outage): only answers that say the server is
+    down or busy whatever was asked are outages."""
+    await backend.ensure_schema("acme")
+    standin.answer_next(status, body, endpoint="/bulk",
+                        content_type=TEXT if isinstance(body, str) else JSON_CONTENT_TYPE)
+    with pytest.raises(IndexUnavailable) as caught:
+        await backend.upsert([doc(1)])
+    assert caught.value.outage is outage
+
+
+async def test_a_server_that_refuses_connections_is_an_outage() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    async with ManticoreBackend(f"http://127.0.0.1:{port}") as down:
+        with pytest.raises(IndexUnavailable, match="cannot connect") as caught:
+            await down.upsert([doc(1)])
+    assert caught.value.outage is True
 
 
 @pytest.mark.parametrize(("status", "body", "error", "fragment"), [
