@@ -398,13 +398,21 @@ VACUUM (SKIP_LOCKED) mail_index_jobs;
 -- 'pruned': the job is gone and an id at least that high was pruned (ids
 -- that never finished were never pruned); 'requeued': it was re-queued
 -- after it finished, so where it finished then is not known any more;
--- 'later_pruned': a job that finished after it was pruned (migration 0033).
+-- 'later_pruned': a job that finished after it was pruned (migration 0033),
+-- or, for job 0, any job at all was.
 -- $2 the stream's tenant (NULL: all): another tenant's job is answered as
 -- an unknown id, never as what became of it (found by a security audit:
 -- a tenant could learn whether another's job was re-queued).
 SELECT CASE
          WHEN j.id IS NULL THEN
-           CASE WHEN $1::bigint > 0 AND $1::bigint <= p.max_id THEN 'pruned' END
+           CASE WHEN $1::bigint > 0 AND $1::bigint <= p.max_id THEN 'pruned'
+                -- A stream opened before its tenant had a finished job
+                -- resumes "after job 0": had anything been pruned since, its
+                -- replay skipped it without a word (a docs audit). Pruning
+                -- is not kept per tenant or time: any prune at all says so,
+                -- which may ask a new tenant to reload once too often.
+                WHEN $1::bigint = 0 AND p.max_finished_at IS NOT NULL THEN 'later_pruned'
+           END
          WHEN j.requeued_at IS NOT NULL THEN 'requeued'
          WHEN j.finished_at IS NOT NULL AND p.max_finished_at IS NOT NULL
               AND (p.max_finished_at, p.max_finished_id) > (j.finished_at, j.id)

@@ -62,6 +62,7 @@ async def test_prune_keeps_what_retention_keeps(db: Database) -> None:
 async def test_prune_goes_in_small_batches_past_rows_someone_holds(
         db: Database, database_url: str) -> None:
     queue = Queue(db, QueueSettings(retain_succeeded=DAY))
+    assert await queue.cursor_lost(0) is None  # nothing pruned yet
     ids = [await finished(db, queue, f"m{n}", "succeeded", 2) for n in range(12)]
     # A claimable job, and a finished row held by someone else's transaction.
     ready = int(await queue.enqueue_index("acme", "ready", {}))
@@ -81,6 +82,10 @@ async def test_prune_goes_in_small_batches_past_rows_someone_holds(
     # Kept, but what finished after it was pruned: a stream cannot resume there.
     assert await queue.cursor_lost(ids[0]) == "later_pruned"
     assert await queue.cursor_lost(ready) is None
+    # A stream opened before its tenant had a finished job resumes after
+    # job 0: what was pruned since cannot be replayed either.
+    assert await queue.cursor_lost(0) == "later_pruned"
+    assert await queue.cursor_lost(0, tenant_slug="acme") == "later_pruned"
 
 
 async def test_the_sweeper_prunes_a_backlog(db: Database) -> None:
