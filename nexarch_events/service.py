@@ -192,7 +192,7 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                 from .api import ApiContext, serve_api
 
                 assert backend is not None
-                ctx = ApiContext(db, settings, backend, service.listener, metrics)
+                ctx = ApiContext(db, settings, backend, service.listener, metrics, name=name)
                 service.api_port = await nursery.start(partial(
                     serve_api, ctx, any_port_if_taken=api_any_port_if_taken))
             log.info("service running name=%s workers=%d batch_size=%d importer=%s api=%s",

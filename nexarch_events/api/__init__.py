@@ -27,6 +27,7 @@ from ..errors import ConfigurationError
 from ..index.base import IndexBackend
 from ..metrics import Metrics
 from ..queue.notify import Listener
+from ..queue.worker import default_worker_name
 from ..settings import Settings
 from .asgi import AsgiApp, log
 from .events import CHANNELS
@@ -56,6 +57,9 @@ class ApiContext:
     #: ``/readyz`` pings here: capacity reserved for it, so a busy ``db``
     #: does not make the service look dead. Opened like ``streams_db``.
     probe_db: Database | None = None
+    #: The service's name in its connections' application_name
+    #: (``nexarch-events/api-streams/<name>``, ``.../api-probe/<name>``).
+    name: str | None = None
 
 
 def create_app(ctx: ApiContext) -> AsgiApp:
@@ -143,13 +147,17 @@ async def serve_api(ctx: ApiContext, *, any_port_if_taken: bool = False,
             sock.listen(config.backlog)
         # The pools opened here live as long as this call: the caller's ctx
         # is left as it was.
+        name = ctx.name or default_worker_name()
         if ctx.streams_db is None:
             ctx = replace(ctx, streams_db=await stack.enter_async_context(Database.open(
                 ctx.db.dsn, min_size=0, max_size=STREAM_POOL_SIZE,
+                application_name=f"nexarch-events/api-streams/{name}",
                 **ctx.settings.pool_options())))
         if ctx.probe_db is None:
             ctx = replace(ctx, probe_db=await stack.enter_async_context(Database.open(
-                ctx.db.dsn, min_size=0, max_size=1, **ctx.settings.pool_options())))
+                ctx.db.dsn, min_size=0, max_size=1,
+                application_name=f"nexarch-events/api-probe/{name}",
+                **ctx.settings.pool_options())))
         app = create_app(ctx)
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(partial(

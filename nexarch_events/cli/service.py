@@ -41,12 +41,15 @@ def cmd_worker(args: argparse.Namespace, settings: Settings, url: str) -> int:
         # The default: keep the configured search index in step with the archive.
         from ..index.factory import open_index
         from ..mail.indexer import Indexer
+        from ..queue.worker import default_worker_name
 
-        async with Database.open(url, max_size=2, application_name="nexarch-events/indexer",
+        name = args.name or default_worker_name()
+        async with Database.open(url, max_size=2,
+                                 application_name=f"nexarch-events/indexer/{name}",
                                  **settings.pool_options()) as db, \
                 open_index(settings, db) as backend:
             # `run` serves the HTTP API too (it searches through this backend).
-            await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=args.name,
+            await serve(settings, Indexer(db, backend).handlers(), dsn=url, name=name,
                         importer=importer, backend=backend if importer else None)
 
     aio_run(run_indexer)

@@ -34,7 +34,7 @@ import trio
 import yaml
 from openapi_spec_validator import validate as validate_openapi
 
-from nexarch_events.aio import Database
+from nexarch_events.aio import Connection, Database
 from nexarch_events.api import ApiContext, serve_api
 from nexarch_events.errors import ConfigurationError
 from nexarch_events.importer.accounts import AccountConfig, AccountRegistry, folder_mailbox_name
@@ -1528,3 +1528,48 @@ async def test_a_search_that_meets_a_lock_timeout_answers_503(
         assert busy.status_code == 503, busy.text
         assert "the search index is unavailable or busy" in busy.json()["error"]
         assert "mail_search_documents" not in busy.text
+
+
+async def test_every_connection_of_the_service_and_its_api_is_named(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    """The readiness probe's and the event streams' pools had no
+    application_name (a docs audit): an operator looking for this
+    process's connections in pg_stat_activity, or ending them, missed
+    them."""
+    from nexarch_events.service import serve
+
+    tokens = Tokens()
+    settings = Settings(queue=fast_settings, api=api_settings(tokens.settings()))
+    backend = PostgresIndex(db)
+    observer = await Connection.open(database_url, application_name="test/observer")
+
+    async def names() -> list[str]:
+        return [r["application_name"] for r in await observer.fetch(
+            "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()")]
+
+    try:
+        unnamed_before = (await names()).count("")  # the test's own pool
+        async with trio.open_nursery() as nursery:
+            service = await nursery.start(partial(
+                serve, settings, Indexer(db, backend).handlers(), dsn=database_url,
+                name="svc", backend=backend))
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{service.api_port}",
+                                         timeout=30) as http:
+                assert (await http.get("/readyz")).status_code == 200
+                async with http.stream("GET", "/events", headers={
+                        "Authorization": f"Bearer {tokens.acme}"}) as stream:
+                    assert stream.status_code == 200
+                    async for line in stream.aiter_lines():
+                        if line == "event: open":
+                            break
+                    seen = await names()
+            service.cancel()
+    finally:
+        await observer.aclose()
+    assert seen.count("") == unnamed_before, seen
+    assert {"nexarch-events/api-probe/svc", "nexarch-events/api-streams/svc",
+            "nexarch-events/pool/svc", "nexarch-events/listener/svc"} <= set(seen), \
+        sorted(set(seen))
+    assert all(n.startswith("nexarch-events/") and n.split("/")[2] == "svc"
+               for n in seen if n), seen
