@@ -162,7 +162,11 @@ def _state_text(row: Any) -> str:
     elif row["warning"]:
         state = f"warning: {row['warning'][:60]}"
     elif row["last_success_at"] is None:
-        state = "not synced yet"
+        # Messages imported by a first sync that was cut short (a restart,
+        # a failure) are there: "not synced yet" read as "nothing yet".
+        uid = row["last_synced_uid"] or 0
+        state = f"first sync not finished (imported up to UID {uid})" if uid \
+            else "not synced yet"
     else:
         state = "ok"
     if row["failures"]:

@@ -235,7 +235,11 @@
     let detail = "ok";
     if (m.last_error) { state = "error"; detail = m.last_error; }
     else if (m.warning) { state = "warning"; detail = m.warning; }
-    else if (!m.last_success_at) { state = "warning"; detail = "not synced yet"; }
+    else if (!m.last_success_at) {
+      state = "warning";
+      detail = m.last_synced_uid ? `first sync not finished (imported up to UID ${m.last_synced_uid})`
+                                 : "not synced yet";
+    }
     if (m.failures) detail += ` (${m.failures} message(s) failing)`;
     if (m.idle_status) detail += ` — ${m.idle_status}`;
     const lag = m.pending_messages === null ? "–" : `${m.pending_messages} msg`;
