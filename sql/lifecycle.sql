@@ -41,6 +41,14 @@ INSERT INTO mail_legal_hold_items (hold_id, tenant_slug, archive_id)
 SELECT $1::bigint, $2::text, i FROM unnest($3::bigint[]) AS i
 ON CONFLICT DO NOTHING;
 
+-- name: hold_mailbox_known
+-- Whether tenant $1 has archived mail in mailbox $2, or a mailbox of that
+-- name registered: a hold on a name that is neither is likely misspelt.
+SELECT EXISTS (SELECT 1 FROM mail_archive_locations
+                WHERE tenant_slug = $1 AND mailbox = $2)
+    OR EXISTS (SELECT 1 FROM mail_import_mailboxes
+                WHERE tenant_slug = $1 AND name = $2) AS known;
+
 -- name: hold_list
 -- $1 tenant or NULL (every tenant), $2 include removed holds. The items a
 -- query hold recorded are counted for the listed holds at once, each read

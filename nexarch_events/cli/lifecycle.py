@@ -17,7 +17,15 @@ import trio
 
 from ..errors import ConfigurationError
 from ..settings import Settings
-from .common import EXIT_FAILED, EXIT_OK, Subparsers, jsonable, row_id, with_index
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    Subparsers,
+    command_name,
+    jsonable,
+    row_id,
+    with_index,
+)
 
 
 def actor() -> str:
@@ -184,11 +192,19 @@ def cmd_hold_add(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from ..lifecycle.holds import Holds
 
     async def go(db: Any, backend: Any) -> Any:
-        return await Holds(db, backend).add(args.tenant, _scope(args), reason=args.reason,
-                                            actor=actor(), mailbox=args.mailbox,
-                                            query=args.query)
+        holds = Holds(db, backend)
+        hold = await holds.add(args.tenant, _scope(args), reason=args.reason, actor=actor(),
+                               mailbox=args.mailbox, query=args.query)
+        known = hold.scope != "mailbox" or await holds.mailbox_known(args.tenant, args.mailbox)
+        return hold, known
 
-    hold = with_index(url, settings, go)
+    hold, known = with_index(url, settings, go)
+    if not known:
+        # Kept: a hold may name a mailbox before its mail is archived. But
+        # a typo would protect nothing, silently (an operator audit).
+        print(f"{command_name()}: note: tenant {args.tenant} has no archived mail in mailbox "
+              f"{args.mailbox!r} and no mailbox of that name; check the name (the hold "
+              "protects mail archived there later)", file=sys.stderr)
     if args.json:
         print(json.dumps(jsonable(asdict(hold)), indent=2))
     else:

@@ -138,6 +138,12 @@ class Holds:
                                count=len(found))
         return replace(hold, recorded=len(found))
 
+    async def mailbox_known(self, tenant_slug: str, mailbox: str) -> bool:
+        """Whether the tenant has archived mail in ``mailbox`` or a mailbox
+        of that name registered (a mailbox hold on neither protects nothing
+        yet: likely a misspelt name)."""
+        return bool(await self.db.fetchval(_SQL["hold_mailbox_known"], tenant_slug, mailbox))
+
     async def list(self, tenant_slug: str | None, *, include_removed: bool = False) -> list[Hold]:
         """Holds of one tenant (None: every tenant), oldest first."""
         if tenant_slug is not None:

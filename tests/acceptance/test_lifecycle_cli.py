@@ -141,3 +141,20 @@ def test_verify_index_names_erased_mail_the_index_still_has(database_url: str,
     final = cli(database_url, "verify-index", "--tenant", "acme")
     assert final.returncode == 0, final.stdout
     assert archived(database_url, "acme") == [a2]
+
+
+def test_a_mailbox_hold_on_a_name_nothing_has_says_so(database_url: str) -> None:
+    """`hold add --mailbox Legl` (a typo) recorded a hold that protected
+    nothing, without a word (an operator audit). It is kept (a hold may
+    come before the mail), and the command says so."""
+    added = cli(database_url, "mailbox", "add", "acme", "Legal", "--host", "imap.example.org",
+                "--user", "u", "--password-env", "PW")
+    assert added.returncode == 0, added.stderr
+    known = cli(database_url, "hold", "add", "--tenant", "acme", "--mailbox", "Legal",
+                "--reason", "case 7")
+    assert known.returncode == 0 and "note:" not in known.stderr
+    typo = cli(database_url, "hold", "add", "--tenant", "acme", "--mailbox", "Legl",
+               "--reason", "case 7")
+    assert typo.returncode == 0, typo.stderr
+    assert "no archived mail in mailbox 'Legl' and no mailbox of that name" in typo.stderr
+    assert "on mailbox 'Legl'" in cli(database_url, "hold", "list", "--tenant", "acme").stdout
