@@ -4,10 +4,14 @@
 
 -- name: state_get_or_create
 -- The seed's GetOrCreate: a new mailbox starts with the default interval.
--- $1 tenant, $2 mailbox name.
+-- $1 tenant, $2 mailbox name, $3 its registration id or NULL: a registered
+-- mailbox removed meanwhile gets no state again (no row comes back).
 WITH created AS (
     INSERT INTO mail_import_state (tenant_slug, mailbox_name)
-    VALUES ($1, $2)
+    SELECT $1, $2
+     WHERE $3::bigint IS NULL
+        OR EXISTS (SELECT 1 FROM mail_import_mailboxes m
+                    WHERE m.id = $3::bigint AND m.tenant_slug = $1 AND m.name = $2)
     ON CONFLICT (tenant_slug, mailbox_name) DO NOTHING
     RETURNING *
 )
@@ -15,6 +19,10 @@ SELECT * FROM created
 UNION ALL
 SELECT * FROM mail_import_state
  WHERE tenant_slug = $1 AND mailbox_name = $2 AND NOT EXISTS (SELECT 1 FROM created);
+
+-- name: mailbox_registered
+-- Whether registration $1 still exists.
+SELECT EXISTS (SELECT 1 FROM mail_import_mailboxes WHERE id = $1::bigint);
 
 -- name: state_get
 SELECT * FROM mail_import_state WHERE tenant_slug = $1 AND mailbox_name = $2;
@@ -27,11 +35,12 @@ UPDATE mail_import_state
 RETURNING interval_seconds;
 
 -- name: begin
--- $1 tenant, $2 mailbox, $3 UIDVALIDITY (NULL: absent or 0), $4 UIDNEXT, $5 EXISTS.
+-- $1 tenant, $2 mailbox, $3 UIDVALIDITY (NULL: absent or 0), $4 UIDNEXT, $5 EXISTS,
+-- $6 the mailbox's registration id (NULL: not registered; migration 0038).
 -- Also the persisted fetch window (migration 0020).
 SELECT b.*, (SELECT s.fetch_window FROM mail_import_state s
               WHERE s.tenant_slug = $1 AND s.mailbox_name = $2) AS fetch_window
-  FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint) b;
+  FROM mail_import_begin($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::bigint) b;
 
 -- name: import_message
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID (NULL: not trusted),
@@ -160,7 +169,17 @@ state AS (
     INSERT INTO mail_import_state (tenant_slug, mailbox_name, interval_seconds)
     SELECT tenant_slug, name, $11::int FROM mailbox
     ON CONFLICT (tenant_slug, mailbox_name)
-    DO UPDATE SET interval_seconds = EXCLUDED.interval_seconds, updated_at = now()
+    -- The name was not registered (the INSERT above would have failed): a
+    -- state row left by a removed mailbox's run is stale. A new
+    -- registration starts from nothing; the old watermark made a mailbox
+    -- added again skip its account's first messages (a race audit).
+    DO UPDATE SET interval_seconds = EXCLUDED.interval_seconds,
+                  last_uidvalidity = 0, last_synced_uid = 0, server_uidnext = NULL,
+                  server_exists = NULL, imported_total = 0, last_run_started_at = NULL,
+                  last_run_finished_at = NULL, last_success_at = NULL, last_error = NULL,
+                  last_error_at = NULL, warning = NULL, sync_requested_at = NULL,
+                  idle_status = NULL, fetch_window = NULL, last_attempt_at = NULL,
+                  updated_at = now()
     RETURNING 1
 )
 SELECT id, (SELECT count(*) FROM state) AS states FROM mailbox;

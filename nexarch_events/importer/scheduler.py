@@ -49,7 +49,7 @@ from ..queue.notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subs
 from ..settings import ImportSettings
 from .mailboxes import MailboxConfig, MailboxRegistry
 from .signin import SignIn
-from .state import StateStore
+from .state import MailboxRemoved, StateStore
 from .sync import ImportLimits, MailboxBusy, SyncReport, run_sync
 
 log = logging.getLogger(__name__)
@@ -260,6 +260,13 @@ class _Runner:
                             continue
                     await self._sync()
                     await self._wait(await self._interval() * random.uniform(0.9, 1.1))
+                except MailboxRemoved:
+                    # Removed while this runner ran (the reload that drops
+                    # it may be half a minute away): nothing of it is
+                    # created or imported again.
+                    log.info("importer: mailbox %s was removed; its runner stops",
+                             self.config.describe())
+                    return
                 except _RETRYABLE as exc:
                     delay = min(self._backoff, s.backoff_max,
                                 float(await self._interval_or(300)))
@@ -273,8 +280,8 @@ class _Runner:
     async def _record_failure(self, error: str) -> None:
         try:
             await StateStore(self.scheduler.db).failed_before_run(
-                self.config.tenant_slug, self.config.name, error)
-        except DatabaseError as db_exc:
+                self.config.tenant_slug, self.config.name, error, mailbox_id=self.config.id)
+        except (DatabaseError, MailboxRemoved) as db_exc:
             log.warning("importer: mailbox %s: cannot record %r: %s",
                         self.config.describe(), error, db_exc)
 
@@ -316,7 +323,7 @@ class _Runner:
         signs in with a fresh one); raises when it broke."""
         s = self.scheduler.settings
         store = StateStore(self.scheduler.db)
-        await store.get_or_create(self.config.tenant_slug, self.config.name)
+        await store.get_or_create(self.config.tenant_slug, self.config.name, self.config.id)
         await store.attempt_started(self.config.tenant_slug, self.config.name)
         session = await self._open()
         deadline = self.sign_in.session_deadline()
@@ -390,14 +397,14 @@ class _Runner:
         await self._set_idle_status(f"idle unavailable: {exc}; syncing at the interval")
 
     async def _interval(self) -> int:
-        state = await StateStore(self.scheduler.db).get_or_create(self.config.tenant_slug,
-                                                                   self.config.name)
+        state = await StateStore(self.scheduler.db).get_or_create(
+            self.config.tenant_slug, self.config.name, self.config.id)
         return state.interval_seconds
 
     async def _interval_or(self, default: int) -> int:
         try:
             return await self._interval()
-        except DatabaseError:
+        except (DatabaseError, MailboxRemoved):
             return default
 
     async def _wait(self, seconds: float) -> None:

@@ -17,7 +17,7 @@ from typing import overload
 
 from ..aio import Executor, Row
 from ..db import sqlfiles
-from ..errors import InvalidJobError, JobNotFound
+from ..errors import DatabaseError, InvalidJobError, JobNotFound, NexarchError
 from ..mail.archive import Archived, content_hash
 from ..models import JobId, storable_text, validate_tenant_slug
 
@@ -96,12 +96,19 @@ class StateStore:
     def __init__(self, db: Executor) -> None:
         self.db = db
 
-    async def get_or_create(self, tenant_slug: str, mailbox_name: str) -> SyncState:
+    async def get_or_create(self, tenant_slug: str, mailbox_name: str,
+                            mailbox_id: int | None = None) -> SyncState:
+        """The mailbox's state, created if missing. ``mailbox_id``: its
+        registration; raises MailboxRemoved once that is gone."""
         _check(tenant_slug, mailbox_name)
         for _ in range(3):  # a concurrent create may commit after our snapshot
-            row = await self.db.fetchrow(_SQL["state_get_or_create"], tenant_slug, mailbox_name)
+            row = await self.db.fetchrow(_SQL["state_get_or_create"], tenant_slug, mailbox_name,
+                                         mailbox_id)
             if row is not None:
                 return SyncState.from_row(row)
+            if mailbox_id is not None and not await self.db.fetchval(
+                    _SQL["mailbox_registered"], mailbox_id):
+                raise MailboxRemoved(tenant_slug, mailbox_name)
         raise JobNotFound(f"sync state of {tenant_slug}/{mailbox_name} could not be created")
 
     async def get(self, tenant_slug: str, mailbox_name: str) -> SyncState:
@@ -133,9 +140,18 @@ class StateStore:
     # -- used by a sync run, on the connection that holds the run lock ------
 
     async def begin(self, tenant_slug: str, mailbox_name: str, uidvalidity: int | None,
-                    uidnext: int | None, exists: int | None) -> RunStart:
-        row = await self.db.fetchrow(_SQL["begin"], tenant_slug, mailbox_name, uidvalidity,
-                                     uidnext, exists)
+                    uidnext: int | None, exists: int | None, *,
+                    mailbox_id: int | None = None) -> RunStart:
+        """Decide the run's mode. ``mailbox_id``: the mailbox's
+        registration; raises MailboxRemoved once that is gone (a run that
+        signed in while it was removed must not create its state again)."""
+        try:
+            row = await self.db.fetchrow(_SQL["begin"], tenant_slug, mailbox_name, uidvalidity,
+                                         uidnext, exists, mailbox_id)
+        except DatabaseError as exc:
+            if exc.sqlstate == "NXI03":
+                raise MailboxRemoved(tenant_slug, mailbox_name) from None
+            raise
         assert row is not None
         return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"],
                         row["fetch_window"])
@@ -196,9 +212,10 @@ class StateStore:
         """An attempt begins: clears a pending "sync now" (it is answered)."""
         await self.db.execute(_SQL["attempt_started"], tenant_slug, mailbox_name)
 
-    async def failed_before_run(self, tenant_slug: str, mailbox_name: str, error: str) -> None:
+    async def failed_before_run(self, tenant_slug: str, mailbox_name: str, error: str, *,
+                                mailbox_id: int | None = None) -> None:
         """Record an attempt that failed before reaching the server."""
-        await self.get_or_create(tenant_slug, mailbox_name)
+        await self.get_or_create(tenant_slug, mailbox_name, mailbox_id)
         await self.db.execute(_SQL["failed_before_run"], tenant_slug, mailbox_name,
                               _stored(error))
 
@@ -238,6 +255,14 @@ def _stored(text: None) -> None: ...
 def _stored(text: str | None) -> str | None:
     """Text for the mailbox state: errors quote what the server said."""
     return None if text is None else storable_text(text, MAX_STATE_TEXT)
+
+
+class MailboxRemoved(NexarchError):
+    """The mailbox's registration is gone (removed while a run was under
+    way): its runner stops, and nothing of it is created again."""
+
+    def __init__(self, tenant_slug: str, mailbox_name: str) -> None:
+        super().__init__(f"mailbox {tenant_slug}/{mailbox_name} is not registered any more")
 
 
 def _check(tenant_slug: str, mailbox_name: str) -> None:

@@ -192,7 +192,8 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
     report = SyncReport(tenant, name)
     folder = mailbox_argument(config.folder)
     status = parse_examine(await patiently(limits, report, session.examine, folder))
-    start = await store.begin(tenant, name, status.uidvalidity, status.uidnext, status.exists)
+    start = await store.begin(tenant, name, status.uidvalidity, status.uidnext, status.exists,
+                              mailbox_id=config.id)
     report.mode, report.uidvalidity = start.mode, status.uidvalidity
     report.last_synced_uid = start.last_synced_uid
     if start.mode == "unstable":
@@ -742,7 +743,7 @@ async def _locked_run(store: StateStore, config: MailboxConfig, sign_in: SignIn,
                       imap_timeout: float, spare: SpareConnections) -> SyncReport:
     # A run that fails before mail_import_begin (connect, TLS, login,
     # EXAMINE) must still find a state row to record its error on.
-    await store.get_or_create(config.tenant_slug, config.name)
+    await store.get_or_create(config.tenant_slug, config.name, config.id)
     await store.attempt_started(config.tenant_slug, config.name)
     own = session is None
     try:

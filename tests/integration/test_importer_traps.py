@@ -602,3 +602,49 @@ async def test_a_reply_the_client_cannot_place_ends_the_session_with_the_reason(
         server.faults.stray_tagged_reply = False
         await sync(db, server)
     assert (await state(db)).last_synced_uid == 2
+
+
+async def test_a_mailbox_removed_while_its_run_signs_in_is_not_imported(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that signed in while its mailbox was removed (mailbox remove,
+    erase --unregister-mailboxes, a tenant's erasure) created the sync
+    state again and imported the whole mailbox: erased mail came back, and
+    a mailbox added again under the name inherited the watermark and
+    skipped its new account's first messages (a race audit). The removal
+    here comes right before the run begins, as it did there."""
+    from dataclasses import replace
+
+    from nexarch_events.importer.mailboxes import MailboxRegistry
+    from nexarch_events.importer.state import MailboxRemoved
+
+    registry = MailboxRegistry(db)
+    real_begin = StateStore.begin
+
+    async def removed_first(self: StateStore, *args: object, **kwargs: object) -> object:
+        await registry.remove(TENANT, NAME)
+        return await real_begin(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async with open_scripted_imap(messages([1, 2, 3])) as server:
+        config = config_for(server)
+        registered = replace(config, id=await registry.add(config))
+        monkeypatch.setattr(StateStore, "begin", removed_first)
+        with pytest.raises(MailboxRemoved):
+            await run_sync(db.dsn, registered, "secret", imap_timeout=3)
+        monkeypatch.undo()
+        assert await archived_hashes(db) == []
+        assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+        # Its runner's other paths do not create the state again either.
+        with pytest.raises(MailboxRemoved):
+            await StateStore(db).get_or_create(TENANT, NAME, registered.id)
+        assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+
+        # A state row a removed mailbox left behind (an older version) does
+        # not carry over to a mailbox added again under the name.
+        await db.execute("INSERT INTO mail_import_state (tenant_slug, mailbox_name, "
+                         "last_uidvalidity, last_synced_uid, imported_total) "
+                         "VALUES ($1, $2, 1, 3, 3)", TENANT, NAME)
+        again = replace(config, id=await registry.add(config))
+        fresh = await state(db)
+        assert (fresh.last_uidvalidity, fresh.last_synced_uid, fresh.imported_total) == (0, 0, 0)
+        await run_sync(db.dsn, again, "secret", imap_timeout=3)
+        assert len(await archived_hashes(db)) == 3
