@@ -36,10 +36,16 @@ RETURNING id, tenant_slug, scope, mailbox, query, reason, created_by, created_at
           removed_by, removed_at;
 
 -- name: hold_items_add
--- What a query hold found when it was added. $1 hold, $2 tenant, $3 ids.
+-- What a query hold found when it was added and is still archived (an
+-- erasure may have committed between the search and the hold's lock: that
+-- mail is gone, and must not be reported as kept). $1 hold, $2 tenant,
+-- $3 ids. Returns the ids recorded.
 INSERT INTO mail_legal_hold_items (hold_id, tenant_slug, archive_id)
-SELECT $1::bigint, $2::text, i FROM unnest($3::bigint[]) AS i
-ON CONFLICT DO NOTHING;
+SELECT $1::bigint, $2::text, a.id
+  FROM mail_archive a
+ WHERE a.tenant_slug = $2::text AND a.id = ANY($3::bigint[])
+ON CONFLICT DO NOTHING
+RETURNING archive_id;
 
 -- name: hold_mailbox_known
 -- Whether tenant $1 has archived mail in mailbox $2, or a mailbox of that
@@ -86,6 +92,18 @@ RETURNING id, tenant_slug, scope, mailbox, query, reason, created_by, created_at
 SELECT id, query FROM mail_legal_holds
  WHERE tenant_slug = $1 AND scope = 'query' AND removed_at IS NULL
  ORDER BY id;
+
+-- name: not_indexed
+-- Of the archive ids $2 of tenant $1, those whose newest index job has not
+-- succeeded (pending, processing, failed): the index may not have them,
+-- so a query hold cannot tell whether it finds them. One probe of
+-- mail_index_jobs_key per id. An id without any job (pruned after it
+-- succeeded) counts as indexed.
+SELECT k.id AS archive_id
+  FROM unnest($2::bigint[]) AS k(id)
+ WHERE (SELECT j.status FROM mail_index_jobs j
+         WHERE j.tenant_slug = $1 AND j.message_id = k.id::text AND j.job_type = 'index'
+         ORDER BY j.id DESC LIMIT 1) IN ('pending', 'processing', 'failed');
 
 -- name: held
 -- Which of the messages $2 of tenant $1 an active hold covers, by the

@@ -202,7 +202,11 @@ class Eraser:
         if unknown and strict:
             raise MessageNotFound(tenant_slug, unknown)
         held = await held_in(conn, tenant_slug, sorted(archived))
-        for archive_id, holds in query_held.items():
+        # A query hold added after query_held was evaluated (outside this
+        # transaction) is evaluated here: it committed before the lock above
+        # or waits for this transaction (a race audit).
+        for archive_id, holds in (await self.holds.newly_held(
+                conn, tenant_slug, archived, query_held)).items():
             if archive_id in archived:
                 held.setdefault(archive_id, set()).update(holds)
         if held and not skip_held:

@@ -11,7 +11,7 @@ audited; a removed hold keeps its row (removed_at, removed_by).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -129,7 +129,8 @@ class Holds:
             assert row is not None
             hold = _hold(row)
             if found:
-                await conn.execute(_SQL["hold_items_add"], hold.id, tenant_slug, sorted(found))
+                found = {r["archive_id"] for r in await conn.fetch(
+                    _SQL["hold_items_add"], hold.id, tenant_slug, sorted(found))}
             await audit.record(conn, actor=actor, action=audit.AuditAction.HOLD_ADD,
                                tenant_slug=tenant_slug,
                                target={"hold_id": hold.id, "scope": kind.value,
@@ -175,16 +176,27 @@ class Holds:
         wanted = set(ids)
         return {h.id: h for h in await self.list(None, include_removed=True) if h.id in wanted}
 
-    async def query_held(self, tenant_slug: str, ids: Iterable[int]) -> dict[int, set[int]]:
+    async def query_held(self, tenant_slug: str, ids: Iterable[int]) -> QueryHeld:
         """What the tenant's active query holds find now among ``ids``:
         archive id -> hold ids. Raises UnevaluableHold for a hold whose
         query cannot be evaluated: grown too broad, refused by today's
         parser (it was validated when added) or by the search server. Held mail cannot be told
         apart then, so no mail of the tenant may be erased: an erasure
         cannot be undone, a hold that keeps too much can be narrowed."""
-        wanted = set(ids)
-        held: dict[int, set[int]] = {}
-        for row in await self.db.fetch(_SQL["query_holds"], tenant_slug):
+        return await self._query_held(tenant_slug, set(ids), None)
+
+    async def _query_held(self, tenant_slug: str, wanted: set[int],
+                          only: set[int] | None) -> QueryHeld:
+        holds = [row for row in await self.db.fetch(_SQL["query_holds"], tenant_slug)
+                 if only is None or row["id"] in only]
+        held = QueryHeld(frozenset(row["id"] for row in holds))
+        if holds and wanted:
+            # Mail not indexed yet (or whose indexing failed) is invisible
+            # to a query: it was erased under a hold whose query matches it
+            # (a race audit). Kept until the index has it.
+            for row in await self.db.fetch(_SQL["not_indexed"], tenant_slug, sorted(wanted)):
+                held.setdefault(row["archive_id"], set()).update(held.evaluated)
+        for row in holds:
             try:
                 found = await find_ids(self.backend, tenant_slug, row["query"])
             except (InvalidQuery, TooManyMatches, IndexRejected) as exc:
@@ -197,6 +209,31 @@ class Holds:
             for archive_id in found & wanted:
                 held.setdefault(archive_id, set()).add(row["id"])
         return held
+
+    async def newly_held(self, conn: Executor, tenant_slug: str, ids: set[int],
+                         evaluated: Mapping[int, set[int]]) -> dict[int, set[int]]:
+        """``evaluated`` (what query_held said before an erasure's
+        transaction) plus what query holds added since find among ``ids``.
+        Run it under the tenant's shared lifecycle lock (``conn``): a hold
+        that committed before it is seen here, one that did not waits."""
+        seen = evaluated.evaluated if isinstance(evaluated, QueryHeld) else frozenset()
+        current = {row["id"] for row in await conn.fetch(_SQL["query_holds"], tenant_slug)}
+        held = {i: set(h) for i, h in evaluated.items()}
+        if current - seen:
+            for archive_id, holds in (await self._query_held(
+                    tenant_slug, ids, current - seen)).items():
+                held.setdefault(archive_id, set()).update(holds)
+        return held
+
+
+class QueryHeld(dict[int, set[int]]):
+    """What query holds find: archive id -> hold ids, and which holds were
+    evaluated (``evaluated``), so that an erasure can tell a hold added
+    after the evaluation (Holds.newly_held)."""
+
+    def __init__(self, evaluated: frozenset[int]) -> None:
+        super().__init__()
+        self.evaluated = evaluated
 
 
 async def held_in(conn: Executor, tenant_slug: str, ids: list[int]) -> dict[int, set[int]]:

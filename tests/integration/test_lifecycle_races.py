@@ -19,11 +19,14 @@ import trio
 
 from nexarch_events.aio import Connection, Database
 from nexarch_events.index.postgres import PostgresIndex
+from nexarch_events.lifecycle import audit
 from nexarch_events.lifecycle.erasure import Eraser, HeldByLegalHold
 from nexarch_events.lifecycle.holds import Holds
 from nexarch_events.lifecycle.retention import Retention, RetentionPolicy
 from nexarch_events.mail.archive import Archive, Location
-from nexarch_events.settings import RetentionSettings
+from nexarch_events.queue.jobs import Queue
+from nexarch_events.settings import QueueSettings, RetentionSettings, Settings
+from tests.integration.test_lifecycle import Env, _run_workers, mail
 
 RAW = (b"From: a@example.org\r\nTo: b@example.org\r\nSubject: x\r\n"
        b"Date: Mon, 01 Jan 2001 10:00:00 +0000\r\nMessage-ID: <race@x>\r\n\r\nbody\r\n")
@@ -138,3 +141,88 @@ async def test_an_import_between_an_erasures_lock_and_its_delete_archives_the_me
         await eraser.aclose()
     assert imported["created"] is True and imported["archive_id"] != stored.archive_id
     assert await db.fetchval("SELECT mailbox FROM mail_archive_locations") == "Held"
+
+
+OLD = "Mon, 01 Jan 2001 00:00:00 +0000"
+
+
+async def test_mail_not_indexed_yet_is_kept_by_a_query_hold_that_may_find_it(
+        db: Database, fast_settings: QueueSettings) -> None:
+    """A query hold finds mail through the index: a message archived after
+    the hold and not indexed yet was erased by retention although the
+    hold's query matches it (a race audit). While the index may not have
+    it, a query hold keeps it."""
+    backend = PostgresIndex(db)
+    env = Env(db, backend, Queue(db, fast_settings))
+    first = (await env.archive.store("acme", mail(1, "lawsuitword", date=OLD))).archive_id
+    unrelated = (await env.archive.store("acme", mail(2, "holiday", date=OLD))).archive_id
+    await _run_workers(env, Settings(queue=fast_settings))
+    await env.holds.add("acme", "query", query="lawsuitword", reason="case", actor="legal")
+    # No worker runs: its index job waits.
+    second = (await env.archive.store("acme", mail(3, "lawsuitword", date=OLD))).archive_id
+    retention = Retention(db, backend, RetentionSettings(days=(("acme", 30),)))
+    [result] = await retention.run_pass(datetime(2025, 1, 1, tzinfo=UTC)) or []
+    assert result.erased == (unrelated,)
+    assert set(result.skipped_held) == {first, second}
+    with pytest.raises(HeldByLegalHold):
+        await env.eraser.erase("acme", [second], actor="ops")
+    assert sorted(await env.archive.ids("acme")) == [first, second]
+
+
+async def test_a_query_hold_added_while_an_erasure_runs_is_evaluated_before_it_commits(
+        db: Database, fast_settings: QueueSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The erasure evaluated the query holds before its transaction; a hold
+    added after that (and committed before the erasure's lock) did not
+    protect the mail it finds (a race audit)."""
+    from nexarch_events.lifecycle.holds import Holds
+
+    backend = PostgresIndex(db)
+    env = Env(db, backend, Queue(db, fast_settings))
+    # Not indexed yet: the hold, added next, records nothing ...
+    target = (await env.archive.store("acme", mail(1, "lawsuitword", date=OLD))).archive_id
+    real = Holds.query_held
+    added: list[int] = []
+
+    async def then_a_hold_is_added(self: Holds, tenant_slug: str, ids: object) -> object:
+        evaluated = await real(self, tenant_slug, ids)  # type: ignore[arg-type]
+        hold = await Holds(db, backend).add("acme", "query", query="lawsuitword",
+                                            reason="case", actor="legal")
+        assert hold.recorded == 0
+        added.append(hold.id)
+        # ... and the message is indexed before the erasure's transaction.
+        await _run_workers(env, Settings(queue=fast_settings))
+        return evaluated
+
+    monkeypatch.setattr(Holds, "query_held", then_a_hold_is_added)
+    with pytest.raises(HeldByLegalHold) as refused:
+        await env.eraser.erase("acme", [target], actor="ops")
+    assert refused.value.held == {target: (added[0],)}
+    assert await env.archive.ids("acme") == [target]
+
+
+async def test_a_query_hold_records_only_mail_still_archived(
+        db: Database, fast_settings: QueueSettings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hold whose search found a message that an erasure removed before
+    the hold's lock recorded it, and reported it as kept (a race audit)."""
+    from nexarch_events.lifecycle import holds as holds_module
+
+    backend = PostgresIndex(db)
+    env = Env(db, backend, Queue(db, fast_settings))
+    kept = (await env.archive.store("acme", mail(1, "lawsuitword", date=OLD))).archive_id
+    gone = (await env.archive.store("acme", mail(2, "lawsuitword", date=OLD))).archive_id
+    await _run_workers(env, Settings(queue=fast_settings))
+    real = holds_module.find_ids
+
+    async def then_one_is_erased(*args: object) -> set[int]:
+        found = await real(*args)  # type: ignore[arg-type]
+        await env.eraser.erase("acme", [gone], actor="ops")
+        return found
+
+    monkeypatch.setattr(holds_module, "find_ids", then_one_is_erased)
+    hold = await env.holds.add("acme", "query", query="lawsuitword", reason="case",
+                               actor="legal")
+    assert hold.recorded == 1
+    assert await db.fetchval("SELECT array_agg(archive_id) FROM mail_legal_hold_items") == [kept]
+    [entry] = [e for e in await audit.entries(db, tenant_slug="acme")
+               if e.action == audit.AuditAction.HOLD_ADD]
+    assert entry.target["ids"] == [kept] and entry.count == 1
