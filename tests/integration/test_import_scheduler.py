@@ -44,8 +44,8 @@ async def scheduler(db: Database, *, idle_failures: int = 1000, request_min_gap:
     listener = Listener(db.dsn, QueueSettings(listener_ping_interval=0.5,
                                               listener_ping_timeout=0.5),
                         channels=(IMPORT_REQUESTS_CHANNEL,))
-    sched = ImportScheduler(db, ImportSettings(imap_timeout=2, reload_interval=0.5,
-                                               **settings),  # type: ignore[arg-type]
+    sched = ImportScheduler(db, ImportSettings(**{"imap_timeout": 2, "reload_interval": 0.5,
+                                                  **settings}),  # type: ignore[arg-type]
                             listener=listener, idle_failures=idle_failures,
                             request_min_gap=request_min_gap)
     async with trio.open_nursery() as nursery:
@@ -263,6 +263,29 @@ async def test_a_paused_mailbox_stops_and_resumes(db: Database) -> None:
             assert [e.uid for e in rec.select()] == [1]  # paused: nothing imported
             await registry.set_enabled("acme", "inbox", True)
             await rec.wait_for_imported(uid=2, timeout=5)
+
+
+async def test_a_removed_mailbox_is_not_imported_again_by_its_running_idle_runner(
+        db: Database) -> None:
+    """After `mailbox remove` (or an erasure that unregisters it), the
+    mailbox's IDLE runner lived until the next reload; the next push made
+    it create the sync state again and import the whole mailbox from UID 1,
+    erased mail included (a race audit)."""
+    async with open_scripted_imap(messages([1])) as server, record_imports(db.dsn) as rec:
+        registry = MailboxRegistry(db)
+        await registry.add(config(server), interval_seconds=3600)
+        async with scheduler(db, reload_interval=3600) as sched:
+            await rec.wait_for_imported(uid=1)
+            await wait_idle(sched)
+            await registry.remove("acme", "inbox")
+            server.add_message(message(2))
+            with trio.fail_after(10):  # the push wakes the runner, which stops
+                while sched.idle_mailboxes():
+                    await trio.sleep(0.05)
+            await trio.sleep(1.0)
+    assert [e.uid for e in rec.select()] == [1]
+    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+    assert await db.fetchval("SELECT count(*) FROM mail_archive") == 1
 
 
 # -- issue 10 -----------------------------------------------------------------
