@@ -321,6 +321,10 @@ class SearchQuery:
         if self.sort not in SORT_ORDERS:
             raise InvalidQuery(f"sort must be one of {', '.join(SORT_ORDERS)}, "
                                f"got {self.sort!r}")
+        if isinstance(self.sender, str):
+            # Addresses are stored NFC (mail/mime/message.py): an address
+            # typed or pasted decomposed (u + U+0308) must still match.
+            object.__setattr__(self, "sender", unicodedata.normalize("NFC", self.sender))
 
 
 #: The orders a search can list its hits in (``SearchQuery.sort``).

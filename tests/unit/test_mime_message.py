@@ -49,3 +49,17 @@ def test_composing_never_makes_a_field_longer() -> None:
     parsed = parse_message(raw, max_text_chars=1000)
     doc = to_index_document(parsed, archive_id=1, tenant_slug="acme")
     assert len(doc.body) <= len(parsed.body) and len(doc.subject) <= len(parsed.subject)
+
+
+def test_sender_addresses_are_nfc_like_the_sender_filter() -> None:
+    """A From address written decomposed (u + U+0308, RFC 6532 UTF-8
+    headers) was stored as written, and the sender filter, given the
+    address composed, did not match it."""
+    from nexarch_events.index.base import SearchQuery
+
+    decomposed = unicodedata.normalize("NFD", "Müller@Example.org")
+    assert decomposed != unicodedata.normalize("NFC", decomposed)
+    raw = f"From: <{decomposed}>\r\nSubject: x\r\n\r\nbody\r\n".encode()
+    document = to_index_document(parse_message(raw), archive_id=7, tenant_slug="acme")
+    assert document.sender_addresses == ("müller@example.org",)
+    assert SearchQuery("acme", "", sender=decomposed).sender == "Müller@Example.org"

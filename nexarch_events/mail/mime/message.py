@@ -189,7 +189,10 @@ def to_index_document(parsed: ParsedMessage, *, archive_id: int, tenant_slug: st
         tenant_slug=tenant_slug,
         subject=_searchable(parsed.subject),
         sender=_searchable(", ".join(a.display() for a in parsed.from_)),
-        sender_addresses=tuple(a.address.lower() for a in parsed.from_ if a.address),
+        # NFC, as the sender filter's address is (SearchQuery): a header
+        # written decomposed must match an address typed composed.
+        sender_addresses=tuple(unicodedata.normalize("NFC", a.address).lower()
+                               for a in parsed.from_ if a.address),
         recipients=_searchable(", ".join(a.display() for a in parsed.to + parsed.cc)),
         body=_searchable(parsed.body),
         attachment_names=tuple(_searchable(n) for n in parsed.attachment_names),
