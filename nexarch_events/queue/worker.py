@@ -310,7 +310,7 @@ class WorkerPool:
             for job in jobs:
                 self._in_flight.pop(job.id, None)
                 self._settling.discard(job.id)
-        if outage_only:
+        if outage_only and not self._stopping:
             failure = done[0][1]
             assert failure is not None
             await trio.sleep(self._handler_outage(worker_id).failed(
