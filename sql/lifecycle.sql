@@ -94,16 +94,18 @@ SELECT id, query FROM mail_legal_holds
  ORDER BY id;
 
 -- name: not_indexed
--- Of the archive ids $2 of tenant $1, those whose newest index job has not
--- succeeded (pending, processing, failed): the index may not have them,
--- so a query hold cannot tell whether it finds them. One probe of
--- mail_index_jobs_key per id. An id without any job (pruned after it
--- succeeded) counts as indexed.
+-- Of the archive ids $2 of tenant $1, those whose newest index job is still
+-- to run (pending, processing): the index may not have them yet, so a
+-- query hold cannot tell whether it finds them. Not a failed job: that
+-- mail never will be indexed (bad input, guarantee 9), and keeping it for
+-- ever would refuse its erasure for ever; a query hold does not see it, as
+-- it never did. One probe of mail_index_jobs_key per id. An id without any
+-- job (pruned after it succeeded) counts as indexed.
 SELECT k.id AS archive_id
   FROM unnest($2::bigint[]) AS k(id)
  WHERE (SELECT j.status FROM mail_index_jobs j
          WHERE j.tenant_slug = $1 AND j.message_id = k.id::text AND j.job_type = 'index'
-         ORDER BY j.id DESC LIMIT 1) IN ('pending', 'processing', 'failed');
+         ORDER BY j.id DESC LIMIT 1) IN ('pending', 'processing');
 
 -- name: held
 -- Which of the messages $2 of tenant $1 an active hold covers, by the

@@ -83,23 +83,28 @@ SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: postpone
 -- Jobs that met an outage (models.Failure.outage: the index or the database
--- out of reach or busy, not the job's fault): pending again after the
--- usual backoff, with the error, and the attempt the claim took refunded,
--- so an outage longer than the retries never fails a job for good. Every
--- process's sweeper learns when the first falls due, as after an ack.
--- $1 ids, $2 leases, $3 errors, $4 backoff base seconds, $5 backoff cap.
+-- out of reach or busy, not the job's fault): pending again, with the
+-- error, and the attempt the claim took refunded, so that an outage longer
+-- than the retries does not fail a job for good. The wait doubles with each
+-- refund (base, 2x, 4x, ... up to 32x backoff base); a job refunded $5
+-- times already is not postponed (not returned): the caller charges it as
+-- any failure (migration 0039). Every process's sweeper learns when the
+-- first falls due, as after an ack.
+-- $1 ids, $2 leases, $3 errors, $4 backoff base seconds, $5 refund budget.
 WITH postponed AS (
     UPDATE mail_index_jobs j
        SET status = 'pending',
            attempts = GREATEST(j.attempts - 1, 0),
+           outage_retries = j.outage_retries + 1,
            available_at = now() + make_interval(
-               secs => LEAST(GREATEST(j.attempts, 1), $5::int) * $4::float8),
+               secs => power(2, LEAST(j.outage_retries, 5)) * $4::float8),
            last_error = a.error,
            lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
            updated_at = now()
       FROM unnest($1::bigint[], $2::uuid[], $3::text[]) AS a(id, lease, error)
      WHERE j.id = a.id
        AND j.lease = a.lease
+       AND j.outage_retries < $5::int
  RETURNING j.id, j.available_at
 ),
 wake AS (

@@ -277,8 +277,15 @@ async def _open_conn(dsn: str, connect_timeout: float, **options: Any) -> asyncp
     way, no connection in time is DatabaseUnavailable, which every task
     backs off from, never a TooSlowError that ends the service."""
     with trio.move_on_after(connect_timeout + 1):
-        conn: asyncpg.Connection = await _hop(_connect, dsn, timeout=connect_timeout,
-                                              **options)
+        try:
+            conn: asyncpg.Connection = await _hop(_connect, dsn, timeout=connect_timeout,
+                                                  **options)
+        except DatabaseTimedOut as exc:
+            # asyncpg's connect timeout is the same TimeoutError as a
+            # statement's: this one is the server out of reach, an outage
+            # (errors.is_outage), not a statement that ran too long.
+            raise DatabaseUnavailable(f"cannot reach Postgres: no connection within "
+                                      f"{connect_timeout:g} s") from exc
         return conn
     raise DatabaseUnavailable(f"cannot reach Postgres: no connection within "
                               f"{connect_timeout + 1:g} s")

@@ -153,20 +153,20 @@ class Queue:
     async def _postpone(self, outcomes: Sequence[tuple[ClaimedJob, Failure | None]]
                         ) -> tuple[list[tuple[ClaimedJob, Failure | None]], AckResult]:
         """Record the outages among ``outcomes`` (Failure.outage): retried
-        after the backoff, the attempt refunded. Returns the other outcomes,
-        and what was recorded (a postponed job is pending again)."""
+        after a doubling wait, the attempt refunded, up to OUTAGE_RETRIES
+        times per job. Returns the outcomes still to acknowledge (the others,
+        and outages past that budget or whose lease is gone: the ack charges
+        or refuses them), and what was recorded (pending again)."""
         outages = [(job, f) for job, f in outcomes if f is not None and f.outage]
         if not outages:
             return list(outcomes), AckResult({}, ())
         rows = await self.db.fetch(
             _SQL["postpone"], [job.id for job, _ in outages], [job.lease for job, _ in outages],
             [_clip_error(f.error) for _, f in outages if f is not None],
-            float(self.settings.backoff_base), self.settings.backoff_cap)
-        kept = {JobId(row["id"]) for row in rows}
-        self.refused_acks += sum(1 for job, _ in outages if job.id not in kept)
-        result = AckResult({job.id: JobStatus.PENDING for job, _ in outages if job.id in kept},
-                           tuple(job.id for job, _ in outages if job.id not in kept))
-        return [(job, f) for job, f in outcomes if f is None or not f.outage], result
+            float(self.settings.backoff_base), OUTAGE_RETRIES)
+        postponed = {JobId(row["id"]) for row in rows}
+        result = AckResult({job_id: JobStatus.PENDING for job_id in postponed}, ())
+        return [(job, f) for job, f in outcomes if job.id not in postponed], result
 
     async def complete(self, jobs: Sequence[ClaimedJob]) -> AckResult:
         """Mark jobs succeeded (seed: complete)."""
@@ -372,6 +372,12 @@ class FinishedJob:
         (migration 0034, ``nexarch_utc_stamp``)."""
         return self.finished_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
+
+#: How often one job's attempt is refunded for an outage (queue.sql,
+#: postpone): with the doubling wait, about 40 minutes of outage at the
+#: default backoff base (10 s); after that an outage costs attempts too, so
+#: that a job whose own work looks like an outage still ends failed.
+OUTAGE_RETRIES = 12
 
 #: last_error is for people; a 100 KB traceback helps nobody and bloats rows.
 MAX_ERROR_LENGTH = 4000

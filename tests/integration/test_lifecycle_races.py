@@ -226,3 +226,19 @@ async def test_a_query_hold_records_only_mail_still_archived(
     [entry] = [e for e in await audit.entries(db, tenant_slug="acme")
                if e.action == audit.AuditAction.HOLD_ADD]
     assert entry.target["ids"] == [kept] and entry.count == 1
+
+
+async def test_mail_whose_indexing_failed_stays_erasable_under_a_query_hold(
+        db: Database, fast_settings: QueueSettings) -> None:
+    """Kept while its index job is to run, but not for ever: mail whose
+    indexing failed for good (bad input) will never be indexed, and an
+    erasure refused for ever is no answer (a review audit). A query hold
+    does not see it, as it never did."""
+    backend = PostgresIndex(db)
+    env = Env(db, backend, Queue(db, fast_settings))
+    await env.holds.add("acme", "query", query="lawsuitword", reason="case", actor="legal")
+    stored = await env.archive.store("acme", mail(1, "holiday", date=OLD))
+    await db.execute("UPDATE mail_index_jobs SET status = 'failed', finished_at = now() "
+                     "WHERE id = $1", stored.job_id)
+    result = await env.eraser.erase("acme", [stored.archive_id], actor="ops")
+    assert result.erased == (stored.archive_id,)

@@ -102,3 +102,23 @@ async def test_bad_sizes_are_refused(aio_loop: None, database_url: str) -> None:
     with pytest.raises(ValueError, match="pool sizes"):
         async with Database.open(database_url, min_size=3, max_size=2):
             pass
+
+
+async def test_a_server_that_does_not_answer_the_connect_is_an_outage(aio_loop: None) -> None:
+    """asyncpg's connect timeout is the same TimeoutError as a statement's:
+    it was sorted as a statement that ran too long (charged to the job that
+    met it), where it is the server out of reach (a review audit)."""
+    import socket
+
+    from nexarch_events.aio import Connection
+    from nexarch_events.errors import DatabaseTimedOut, is_outage
+
+    with socket.socket() as silent:  # accepts (the kernel does), never answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        port = silent.getsockname()[1]
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await Connection.open(f"postgresql://u@127.0.0.1:{port}/db?sslmode=disable",
+                                  connect_timeout=0.5)
+    assert not isinstance(caught.value, DatabaseTimedOut)
+    assert is_outage(caught.value)

@@ -809,3 +809,35 @@ async def test_the_ack_of_one_job_matches_the_batch_ack(
             assert notes[0] == notes[1], name
             assert bool(notes[0]) == keep_lease, name
         nursery.cancel_scope.cancel()
+
+
+async def test_outage_refunds_are_bounded_and_their_wait_doubles(db: Database) -> None:
+    """An outage's refund had no bound and always waited the first backoff:
+    a job whose own work looks like an outage (it kills its database
+    session) ran every 10 s for ever and never ended failed (a review
+    audit). Now the wait doubles, and past OUTAGE_RETRIES refunds an
+    outage is charged like any failure."""
+    from nexarch_events.queue.jobs import OUTAGE_RETRIES
+
+    queue = Queue(db, QueueSettings(backoff_base=1.0, backoff_cap=1))
+    job_id = await queue.enqueue_index("acme", "m1", {}, max_attempts=2)
+    waits: list[float] = []
+    statuses: list[JobStatus] = []
+    for _ in range(OUTAGE_RETRIES + 2):
+        await db.execute("UPDATE mail_index_jobs SET available_at = now() WHERE id = $1",
+                         job_id)
+        [job] = await queue.claim(1, "w")
+        result = await queue.ack([(job, Failure("connection lost", outage=True))])
+        statuses.append(result.statuses[job_id])
+        waits.append(await db.fetchval(
+            "SELECT extract(epoch FROM available_at - now()) FROM mail_index_jobs "
+            "WHERE id = $1", job_id))
+    row = await db.fetchrow("SELECT status, attempts, outage_retries FROM mail_index_jobs "
+                            "WHERE id = $1", job_id)
+    assert statuses[:OUTAGE_RETRIES] == [JobStatus.PENDING] * OUTAGE_RETRIES
+    assert [round(w) for w in waits[:6]] == [1, 2, 4, 8, 16, 32]
+    # The budget spent: the next outage costs attempt 1 of 2, the one after
+    # that ends the job.
+    assert statuses[OUTAGE_RETRIES:] == [JobStatus.PENDING, JobStatus.FAILED]
+    assert (row["status"], row["attempts"], row["outage_retries"]) == \
+        ("failed", 2, OUTAGE_RETRIES)
