@@ -44,7 +44,7 @@ from ..models import JobId, JobStatus, JobType, JSONValue, NewJob, validate_tena
 from ..queue.jobs import Queue
 from . import audit
 from .audit import AuditAction
-from .holds import Holds, held_in
+from .holds import Holds, QueryHeld, held_in
 from .matching import find_ids
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class Eraser:
 
     async def erase_in(self, conn: Connection, tenant_slug: str, ids: list[int], *,
                        actor: str, action: AuditAction, target: Mapping[str, JSONValue],
-                       query_held: Mapping[int, set[int]], skip_held: bool, strict: bool,
+                       query_held: QueryHeld, skip_held: bool, strict: bool,
                        audit_id: int | None = None) -> ErasureResult:
         """The erasure transaction's statements, on ``conn`` inside its
         transaction. With ``audit_id``, the erasures belong to that audit
@@ -284,7 +284,8 @@ class Eraser:
                 async with self.db.acquire() as conn, conn.transaction():
                     result = await self.erase_in(conn, tenant_slug, ids, actor=actor,
                                                  action=AuditAction.ERASE_TENANT, target={},
-                                                 query_held={}, skip_held=False, strict=False,
+                                                 query_held=QueryHeld(frozenset()),
+                                                 skip_held=False, strict=False,
                                                  audit_id=audit_id)
                 erased += len(result.erased)
                 jobs.extend(result.delete_jobs)

@@ -11,7 +11,7 @@ audited; a removed hold keeps its row (removed_at, removed_by).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -211,17 +211,16 @@ class Holds:
         return held
 
     async def newly_held(self, conn: Executor, tenant_slug: str, ids: set[int],
-                         evaluated: Mapping[int, set[int]]) -> dict[int, set[int]]:
+                         evaluated: QueryHeld) -> dict[int, set[int]]:
         """``evaluated`` (what query_held said before an erasure's
         transaction) plus what query holds added since find among ``ids``.
         Run it under the tenant's shared lifecycle lock (``conn``): a hold
         that committed before it is seen here, one that did not waits."""
-        seen = evaluated.evaluated if isinstance(evaluated, QueryHeld) else frozenset()
         current = {row["id"] for row in await conn.fetch(_SQL["query_holds"], tenant_slug)}
         held = {i: set(h) for i, h in evaluated.items()}
-        if current - seen:
+        if current - evaluated.evaluated:
             for archive_id, holds in (await self._query_held(
-                    tenant_slug, ids, current - seen)).items():
+                    tenant_slug, ids, current - evaluated.evaluated)).items():
                 held.setdefault(archive_id, set()).update(holds)
         return held
 

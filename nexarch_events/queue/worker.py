@@ -171,7 +171,6 @@ class WorkerPool:
         self._handler_scopes: set[trio.CancelScope] = set()
         self._log_failed = RateLimited(log, logging.WARNING)
         self._log_retry = RateLimited(log, logging.INFO)
-        self._handler_outages: dict[str, Outage] = {}
 
     @property
     def in_flight(self) -> int:
@@ -205,6 +204,11 @@ class WorkerPool:
 
     async def _work(self, worker_id: str) -> None:
         outage = Outage(f"worker {worker_id}", log, max_delay=self.settings.reconnect_max)
+        # Every job of a batch met an outage (the index or the database out
+        # of reach): this task pauses before it claims again.
+        handler_outage = Outage(f"jobs of worker {worker_id}", log, first_delay=0.5,
+                                max_delay=self.settings.reconnect_max,
+                                kind="the index or the database is out of reach")
         conn: Connection | None = None
         #: claimed and not yet started (the next batch, claimed with an ack)
         jobs: list[ClaimedJob] = []
@@ -240,7 +244,7 @@ class WorkerPool:
                     await self.wakeups.wait()
                     continue
                 batch, jobs = jobs, []
-                claimed = await self._process(batch, queue, worker_id)
+                claimed = await self._process(batch, queue, worker_id, handler_outage)
                 # None: the outcome went through another path and nothing was
                 # claimed with it; claim as usual. In the trickle regime this
                 # saves one empty claim per job (bench/queue_bench.py mixed).
@@ -253,8 +257,8 @@ class WorkerPool:
             if conn is not None:
                 await conn.aclose()
 
-    async def _process(self, jobs: list[ClaimedJob], queue: Queue,
-                       worker_id: str) -> list[ClaimedJob] | None:
+    async def _process(self, jobs: list[ClaimedJob], queue: Queue, worker_id: str,
+                       handler_outage: Outage) -> list[ClaimedJob] | None:
         """Run a batch and record its outcomes; returns the next batch when it
         was claimed in the same round trip as the acknowledgement ([] if that
         claim found nothing), None if no claim was made."""
@@ -313,10 +317,9 @@ class WorkerPool:
         if outage_only and not self._stopping:
             failure = done[0][1]
             assert failure is not None
-            await trio.sleep(self._handler_outage(worker_id).failed(
-                RuntimeError(failure.error)))
+            await trio.sleep(handler_outage.failed(RuntimeError(failure.error)))
         elif done:
-            self._handler_outage(worker_id).ok()
+            handler_outage.ok()
         return next_jobs
 
     def _count(self, result: AckResult,
@@ -353,16 +356,6 @@ class WorkerPool:
             self.stats.refused += len(result.refused)
             log.warning("ack refused for jobs %s: their lease was taken over",
                         list(result.refused))
-
-    def _handler_outage(self, worker_id: str) -> Outage:
-        """The outage (every job of a batch met one) of one worker task."""
-        outage = self._handler_outages.get(worker_id)
-        if outage is None:
-            outage = self._handler_outages[worker_id] = Outage(
-                f"jobs of worker {worker_id or self.name}", log, first_delay=0.5,
-                max_delay=self.settings.reconnect_max, kind="the index or the database is "
-                "out of reach")
-        return outage
 
     async def _run_handlers(self, jobs: list[ClaimedJob],
                             outcomes: dict[JobId, Failure | None]) -> None:

@@ -83,7 +83,16 @@ async def test_a_location_in_a_held_mailbox_added_during_an_erasure_keeps_the_me
     assert hold.active
 
 
-async def test_an_import_behind_an_erasure_archives_the_message_anew(db: Database) -> None:
+@pytest.mark.parametrize("arrives", ["after_the_delete", "between_the_lock_and_the_delete"])
+async def test_an_import_behind_an_erasure_archives_the_message_anew(
+        db: Database, arrives: str) -> None:
+    """An import of a message an erasure has locked (archived_of, FOR
+    UPDATE) waits for the erasure and archives the message anew, whether it
+    comes after the erasure's DELETE or between its lock and its DELETE.
+    In the second case its lookup found the locked row, then its
+    location's foreign key failed with 23503 once the DELETE committed: a
+    "rejected" error for a race, the message left unarchived until a later
+    run (a race audit; migration 0036)."""
     stored = await Archive(db).store("acme", RAW, Location("Unheld", 1, 1))
     row = await db.fetchrow("SELECT sha256, size_bytes, raw FROM mail_archive WHERE id = $1",
                             stored.archive_id)
@@ -91,6 +100,9 @@ async def test_an_import_behind_an_erasure_archives_the_message_anew(db: Databas
 
     async def store() -> None:
         imported.update(await db.fetchrow(STORE, row["sha256"], row["size_bytes"], row["raw"]))
+
+    async def delete() -> None:
+        await eraser.execute("DELETE FROM mail_archive WHERE id = $1", stored.archive_id)
 
     eraser = await Connection.open(db.dsn)
     try:
@@ -100,45 +112,15 @@ async def test_an_import_behind_an_erasure_archives_the_message_anew(db: Databas
                 assert await eraser.fetchval(
                     "SELECT id FROM mail_archive WHERE tenant_slug = 'acme'"
                     " AND id = ANY($1::bigint[]) FOR UPDATE", [stored.archive_id])
-                await eraser.execute("DELETE FROM mail_archive WHERE id = $1",
-                                     stored.archive_id)
+                if arrives == "after_the_delete":
+                    await delete()
                 nursery.start_soon(store)
                 await waiting_for_a_lock(db)
+                if arrives == "between_the_lock_and_the_delete":
+                    await delete()
     finally:
         await eraser.aclose()
     # Not a foreign-key error: the message is archived again, with its location.
-    assert imported["created"] is True and imported["archive_id"] != stored.archive_id
-    assert await db.fetchval("SELECT mailbox FROM mail_archive_locations") == "Held"
-
-
-async def test_an_import_between_an_erasures_lock_and_its_delete_archives_the_message_anew(
-        db: Database) -> None:
-    """The import found the locked row, then its location's foreign key
-    waited for the erasure and failed with 23503 once the DELETE committed:
-    a "rejected" error for a race, the message left unarchived until a
-    later run (a race audit). Now its lookup waits for the erasure too, and
-    archives the message anew."""
-    stored = await Archive(db).store("acme", RAW, Location("Unheld", 1, 1))
-    row = await db.fetchrow("SELECT sha256, size_bytes, raw FROM mail_archive WHERE id = $1",
-                            stored.archive_id)
-    imported: dict[str, object] = {}
-
-    async def store() -> None:
-        imported.update(await db.fetchrow(STORE, row["sha256"], row["size_bytes"], row["raw"]))
-
-    eraser = await Connection.open(db.dsn)
-    try:
-        async with trio.open_nursery() as nursery:
-            async with eraser.transaction():
-                assert await eraser.fetchval(
-                    "SELECT id FROM mail_archive WHERE tenant_slug = 'acme'"
-                    " AND id = ANY($1::bigint[]) FOR UPDATE", [stored.archive_id])
-                nursery.start_soon(store)
-                await waiting_for_a_lock(db)
-                await eraser.execute("DELETE FROM mail_archive WHERE id = $1",
-                                     stored.archive_id)
-    finally:
-        await eraser.aclose()
     assert imported["created"] is True and imported["archive_id"] != stored.archive_id
     assert await db.fetchval("SELECT mailbox FROM mail_archive_locations") == "Held"
 
