@@ -24,6 +24,11 @@ What this module adds:
   before that one began; NXI02) or chosen as a deadlock victim (40P01) is
   sent again once everything before it has settled; a second refusal is
   raised like any other error;
+- an import whose data Postgres refused (``DatabaseRejected``: a CHECK, a
+  value out of range) is handed to ``on_refused`` where it is settled, on
+  its own connection (free then): the run records it as that message's
+  failure, which advances the watermark past it, and the imports after it
+  go on (the next one, refused for overtaking, is sent again);
 - any other error of an import is raised where it is settled; whatever is
   still in flight is waited for (it either commits in order or is refused);
 - a message with the same content as one in flight waits for it: two inserts
@@ -39,7 +44,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -47,7 +52,7 @@ from datetime import datetime
 import trio
 
 from ..aio import Connection, Database
-from ..errors import DatabaseError
+from ..errors import DatabaseError, DatabaseRejected
 from ..mail.archive import Archived, content_hash
 from .state import StateStore
 
@@ -60,6 +65,10 @@ SEND_AGAIN = frozenset({"NXI02", "40P01"})
 #: A batch this small is imported one message at a time on the run's own
 #: connection: opening a spare would cost more than it saves.
 MIN_BATCH_FOR_SPARE = 4
+
+#: Called with an import's UID, Postgres' refusal of its data, and the
+#: connection it ran on (free, and the watermark is right below the UID).
+OnRefused = Callable[[int, DatabaseRejected, StateStore], Awaitable[None]]
 
 
 @dataclass(eq=False)
@@ -84,7 +93,8 @@ class InFlightImports:
 
     def __init__(self, nursery: trio.Nursery, stores: Sequence[StateStore], *, tenant: str,
                  mailbox: str, uidvalidity: int,
-                 on_settled: Callable[[int, Archived], None]) -> None:
+                 on_settled: Callable[[int, Archived], None],
+                 on_refused: OnRefused | None = None) -> None:
         if not stores:
             raise ValueError("imports in flight need at least one connection")
         self._nursery = nursery
@@ -92,6 +102,7 @@ class InFlightImports:
         self._queue: deque[_Import] = deque()
         self.tenant, self.mailbox, self.uidvalidity = tenant, mailbox, uidvalidity
         self._on_settled = on_settled
+        self._on_refused = on_refused
         #: Imports sent again (overtaken, or a deadlock victim): diagnostics.
         self.sent_again = 0
         #: The most imports that were in flight at once.
@@ -161,17 +172,21 @@ class InFlightImports:
                 item.result, item.error = await self._import(item), None
             except DatabaseError as exc:
                 item.error = exc
+        if isinstance(item.error, DatabaseRejected) and self._on_refused is not None:
+            await self._on_refused(item.uid, item.error, item.store)
+            item.error = None
         if item.error is not None:
             raise item.error
         self._queue.popleft()
         self._free.append(item.store)
-        assert item.result is not None
-        self._on_settled(item.uid, item.result)
+        if item.result is not None:
+            self._on_settled(item.uid, item.result)
 
 
 @asynccontextmanager
 async def open_in_flight(stores: Sequence[StateStore], *, tenant: str, mailbox: str,
-                         uidvalidity: int, on_settled: Callable[[int, Archived], None]
+                         uidvalidity: int, on_settled: Callable[[int, Archived], None],
+                         on_refused: OnRefused | None = None
                          ) -> AsyncIterator[InFlightImports]:
     """Imports in flight for the block; every one is settled before it
     ends, also when the block fails (what was sent commits, in order, or is
@@ -180,7 +195,8 @@ async def open_in_flight(stores: Sequence[StateStore], *, tenant: str, mailbox: 
     errors: list[Exception] = []
     async with trio.open_nursery() as nursery:
         imports = InFlightImports(nursery, stores, tenant=tenant, mailbox=mailbox,
-                                  uidvalidity=uidvalidity, on_settled=on_settled)
+                                  uidvalidity=uidvalidity, on_settled=on_settled,
+                                  on_refused=on_refused)
         try:
             yield imports
         except Exception as exc:

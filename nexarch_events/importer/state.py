@@ -169,11 +169,18 @@ class StateStore:
         (importer/pipeline.py): the transaction waits for that one's to end
         and advances only from exactly ``after``, else raises DatabaseError
         with SQLSTATE NXI02 (send it again once that one has settled).
-        ``sha256``: ``content_hash(raw)`` if the caller has it already."""
-        row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
-                                     uidvalidity, uid, mode,
-                                     content_hash(raw) if sha256 is None else sha256,
-                                     len(raw), raw, internaldate, note, after)
+        ``sha256``: ``content_hash(raw)`` if the caller has it already.
+        Raises MailboxRemoved when the mailbox's state is gone (mode
+        "unstable"; mode "new" raises NXI01 then)."""
+        try:
+            row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
+                                         uidvalidity, uid, mode,
+                                         content_hash(raw) if sha256 is None else sha256,
+                                         len(raw), raw, internaldate, note, after)
+        except DatabaseError as exc:
+            if exc.sqlstate == "NXI03":  # an unstable pass whose mailbox was removed
+                raise MailboxRemoved(tenant_slug, mailbox_name) from None
+            raise
         assert row is not None
         return Archived(archive_id=row["archive_id"], created=row["created"],
                         job_id=None if row["job_id"] is None else JobId(row["job_id"]),

@@ -68,6 +68,7 @@ from ..aio.imap import ImapSession, ReplyPart
 from ..errors import (
     ConfigurationError,
     DatabaseError,
+    DatabaseRejected,
     ImapCommandError,
     ImapError,
     ImapProtocolError,
@@ -506,7 +507,8 @@ class _Run:
         async with spare as extra, open_in_flight(
                 [self.store, *extra],
                 tenant=self.config.tenant_slug, mailbox=self.config.name,
-                uidvalidity=self.uidvalidity, on_settled=self._imported) as imports:
+                uidvalidity=self.uidvalidity, on_settled=self._imported,
+                on_refused=self._refused) as imports:
             self.imports = imports
             try:
                 yield
@@ -519,6 +521,12 @@ class _Run:
         messages in flight (one of them may be on it)."""
         if self.imports is not None:
             await self.imports.settle()
+
+    async def _refused(self, uid: int, exc: DatabaseRejected, store: StateStore) -> None:
+        # One message's data, not the mailbox: the run goes on past it, and
+        # later runs try it again (mode "recovered"), as for a message the
+        # server would not hand over.
+        await self._failed(uid, refusal(exc), retry=False, store=store)
 
     def _imported(self, uid: int, archived: Archived) -> None:
         self.report.imported += 1
@@ -542,9 +550,13 @@ class _Run:
         if note is not None:
             self.report.warn(f"UID {uid}: {note}")
         if retry:
-            await self.store.import_message(
-                self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
-                "recovered", got.body, internaldate=got.internaldate, note=note)
+            try:
+                await self.store.import_message(
+                    self.config.tenant_slug, self.config.name, self.uidvalidity, uid,
+                    "recovered", got.body, internaldate=got.internaldate, note=note)
+            except DatabaseRejected as exc:
+                await self._failed(uid, refusal(exc), retry=True)
+                return
             self.report.recovered += 1
             return
         assert self.imports is not None
@@ -569,13 +581,24 @@ class _Run:
                          "and the UID asked for is retried")
         if item.body:
             await self._settle()
-            await self.store.import_message(self.config.tenant_slug, self.config.name,
-                                            self.uidvalidity, None, "unstable", item.body)
+            try:
+                await self.store.import_message(self.config.tenant_slug, self.config.name,
+                                                self.uidvalidity, None, "unstable", item.body)
+            except DatabaseRejected as exc:
+                self.report.warn(f"a message without a UID could not be archived: "
+                                 f"{refusal(exc)}")
+                return
             self.report.untrusted += 1
 
-    async def _failed(self, uid: int, problem: str, *, retry: bool) -> None:
-        await self._settle()
-        attempts = await self.store.record_failure(
+    async def _failed(self, uid: int, problem: str, *, retry: bool,
+                      store: StateStore | None = None) -> None:
+        """Record ``uid``'s failure (and, unless ``retry``, advance past it).
+        ``store``: the connection of an import in flight that was refused
+        (the imports before it have settled); else the run's, once
+        everything in flight has settled."""
+        if store is None:
+            await self._settle()
+        attempts = await (store or self.store).record_failure(
             self.config.tenant_slug, self.config.name, self.uidvalidity, uid, problem,
             retry=retry)
         self.report.failed += 1
@@ -604,6 +627,11 @@ def _problem(item: FetchedItem | None) -> str | None:
     if len(item.body) > MAX_MESSAGE_BYTES:
         return f"message is {len(item.body)} bytes; the archive's limit is {MAX_MESSAGE_BYTES}"
     return None
+
+
+def refusal(exc: DatabaseRejected) -> str:
+    """A message's failure when Postgres refused its data."""
+    return f"the database refused the message: {exc}"
 
 
 def _suspicious(item: FetchedItem) -> str | None:
@@ -646,9 +674,15 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
                     continue
                 assert item.body is not None
                 uid = item.uid if item.uid is not None and 1 <= item.uid <= MAX_UID else None
-                archived = await store.import_message(config.tenant_slug, config.name, 0, uid,
-                                                      "unstable", item.body,
-                                                      internaldate=item.internaldate)
+                try:
+                    archived = await store.import_message(
+                        config.tenant_slug, config.name, 0, uid, "unstable", item.body,
+                        internaldate=item.internaldate)
+                except DatabaseRejected as exc:
+                    report.warn(f"message {item.seq} (UID {item.uid}) could not be archived: "
+                                f"{refusal(exc)}")
+                    report.failed += 1
+                    continue
                 report.imported += archived.created or archived.location_added
                 report.duplicates += not archived.created
             if len(answered) < len(batch):

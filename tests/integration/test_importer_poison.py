@@ -235,3 +235,65 @@ async def test_sizes_stated_wrong_never_make_the_client_hold_more_than_a_batch(
             await runs(db, server, 1, batch_bytes=4 << 20)
     assert [uid for _, uid in await locations(db)] == list(range(1, 13))
     assert await failures(db) == {}
+
+
+# -- what the database refuses --------------------------------------------
+
+REFUSE_POISON = """
+    CREATE FUNCTION test_refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF position('poison' IN convert_from(NEW.raw, 'UTF8')) > 0 THEN
+            RAISE EXCEPTION 'poison refused' USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER test_refuse_poison BEFORE INSERT ON mail_archive
+        FOR EACH ROW EXECUTE FUNCTION test_refuse_poison();"""
+
+
+async def test_a_message_the_database_refuses_fails_alone(db: Database) -> None:
+    """A trigger stands for any refusal of one message's data by Postgres
+    (a CHECK, a value out of range). Before, the run failed at that UID,
+    every run: the mailbox imported nothing after it, ever. Now the message
+    is a recorded failure, retried on later runs, and the rest goes on, with
+    two imports in flight and the notifications still in UID order."""
+    await db.execute(REFUSE_POISON)
+    msgs = messages(list(range(1, 13)))
+    for uid in (3, 4, 9):
+        msgs[uid - 1] = ScriptedMessage(uid, message(uid, " poison"))
+    async with open_scripted_imap(msgs) as server, record_imports(db.dsn) as rec:
+        with trio.fail_after(30):
+            report = await sync(db, server)
+        assert report.max_in_flight == 2  # type: ignore[attr-defined]
+        expected = [1, 2, 5, 6, 7, 8, 10, 11, 12]
+        assert [uid for _, uid in await locations(db)] == expected
+        recorded = await failures(db)
+        assert list(recorded) == [3, 4, 9]
+        assert all(attempts == 1 and "database refused the message" in error
+                   and "poison refused" in error and "23514" in error
+                   for attempts, error in recorded.values()), recorded
+        assert (await state(db)).last_synced_uid == 12
+        await rec.wait_for_imported(count=len(expected))
+        await rec.wait_for(count=3, event="failed")
+        assert [(e.event, e.uid) for e in rec.events if e.event in ("imported", "failed")] \
+            == [("failed" if uid in (3, 4, 9) else "imported", uid) for uid in range(1, 13)]
+
+        assert await runs(db, server, 1) == []  # retried, refused again
+        assert {uid: a for uid, (a, _) in (await failures(db)).items()} == {3: 2, 4: 2, 9: 2}
+        await db.execute("DROP TRIGGER test_refuse_poison ON mail_archive")
+        assert await runs(db, server, 1) == []
+    assert await failures(db) == {}
+    assert [uid for _, uid in await locations(db)] == list(range(1, 13))
+
+
+async def test_a_message_the_database_refuses_fails_alone_in_an_unstable_pass(
+        db: Database) -> None:
+    await db.execute(REFUSE_POISON)
+    msgs = messages([1, 2, 3])
+    msgs[1] = ScriptedMessage(2, message(2, " poison"))
+    async with open_scripted_imap(msgs, faults=Faults(uidvalidity=0)) as server:
+        report = await sync(db, server)
+    assert report.failed == 1  # type: ignore[attr-defined]
+    assert any("could not be archived" in w and "poison refused" in w
+               for w in report.warnings), report.warnings  # type: ignore[attr-defined]
+    assert len(await db.fetch("SELECT id FROM mail_archive")) == 2

@@ -604,6 +604,41 @@ async def test_a_reply_the_client_cannot_place_ends_the_session_with_the_reason(
     assert (await state(db)).last_synced_uid == 2
 
 
+async def test_an_unstable_pass_stops_once_its_mailbox_is_removed(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """UIDVALIDITY 0: every message is imported by content hash, with no
+    watermark for the database to check, and the pass went on archiving
+    after its mailbox was removed mid-pass (erase --unregister-mailboxes:
+    the mail it had just erased came back)."""
+    from dataclasses import replace
+
+    from nexarch_events.importer.mailboxes import MailboxRegistry
+    from nexarch_events.importer.state import MailboxRemoved
+
+    registry = MailboxRegistry(db)
+    real_import = StateStore.import_message
+    calls = 0
+
+    async def removed_after_the_first(self: StateStore, *args: object,
+                                      **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            await registry.remove(TENANT, NAME)
+        return await real_import(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async with open_scripted_imap(messages([1, 2, 3, 4]),
+                                  faults=Faults(uidvalidity=0)) as server:
+        config = config_for(server)
+        registered = replace(config, id=await registry.add(config))
+        monkeypatch.setattr(StateStore, "import_message", removed_after_the_first)
+        with pytest.raises(MailboxRemoved):
+            await run_sync(db.dsn, registered, "secret", imap_timeout=3)
+    assert calls == 2
+    assert len(await archived_hashes(db)) == 1
+    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+
+
 async def test_a_mailbox_removed_while_its_run_signs_in_is_not_imported(
         db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that signed in while its mailbox was removed (mailbox remove,
