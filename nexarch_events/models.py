@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -99,8 +100,20 @@ def encode_payload(payload: object) -> str:
     return text
 
 
-#: Control characters other than tab and line feed, and lone surrogates.
-_UNSTORABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+@functools.cache
+def _controls(keep: str) -> re.Pattern[str]:
+    kept = "".join(f"\\x{ord(c):02x}" for c in keep)
+    return re.compile(f"(?![{kept}])[\x00-\x1f\x7f\ud800-\udfff]" if keep
+                      else "[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def escape_controls(text: str, *, keep: str = "") -> str:
+    """``text`` with every control character (C0 and DEL) but those in
+    ``keep``, and every lone surrogate, written as an escape (``\\x0a``,
+    ``\\udcff``): the one rule for text from outside that is stored,
+    logged or shown (a bare LF would start a forged log line; a lone
+    surrogate cannot be encoded at all)."""
+    return _controls(keep).sub(_escape, text)
 
 
 def storable_text(text: str, limit: int) -> str:
@@ -111,7 +124,7 @@ def storable_text(text: str, limit: int) -> str:
     the worker with it (a retry-loop audit). Each is written as an escape
     (``\\x00``, ``\\udcff``); past ``limit`` characters the rest is cut, and
     the cut says how much."""
-    text = _UNSTORABLE.sub(_escape, text)
+    text = escape_controls(text, keep="\t\n")
     if len(text) <= limit:
         return text
     return text[:limit] + f"... [{len(text) - limit} characters cut]"

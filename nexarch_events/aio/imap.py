@@ -45,6 +45,7 @@ from ..errors import (
     ImapTlsError,
     ImapUnavailable,
 )
+from ..models import escape_controls
 
 log = logging.getLogger(__name__)
 logging.getLogger("aioimaplib").setLevel(logging.WARNING)
@@ -878,13 +879,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
 def _one_line(raw: bytes) -> str:
     """A server's text as one line: control characters (a bare LF would
     start a forged line in a log) written as escapes."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", raw.decode("utf-8", "replace"))
+    return escape_controls(raw.decode("utf-8", "replace"))
 
 
 def _sasl_secrets(initial: str) -> list[str]:

@@ -29,6 +29,7 @@ from ..errors import (
     MigrationError,
     NexarchError,
 )
+from ..models import escape_controls
 from ..settings import LOG_LEVELS, Settings
 from . import account, lifecycle, mail, mailbox, queue, service
 from .common import (
@@ -68,11 +69,7 @@ class KvFormatter(logging.Formatter):
         super().__init__("%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
 
     def formatMessage(self, record: logging.LogRecord) -> str:
-        return _LOG_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}",
-                                super().formatMessage(record))
-
-
-_LOG_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")
+        return escape_controls(super().formatMessage(record), keep="\t")
 
 
 def configure_logging(level: str, fmt: str = "kv") -> None:

@@ -43,3 +43,21 @@ def test_a_traceback_keeps_its_lines() -> None:
     assert first.endswith("failed: a\\x0ab")
     assert rest[0] == "Traceback (most recent call last):"
     assert rest[-1] == "ValueError: boom"
+
+
+def test_a_lone_surrogate_is_written_as_an_escape_not_lost() -> None:
+    # Text decoded with surrogateescape (a file name, a header) cannot be
+    # encoded on a UTF-8 stream: the record was dropped with "--- Logging
+    # error ---" on stderr.
+    raw = io.BytesIO()
+    stream = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", write_through=True)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(KvFormatter())
+    handler.handleError = lambda record: (_ for _ in ()).throw(AssertionError("lost"))  # type: ignore[method-assign]
+    log = logging.getLogger("test.kv.surrogate")
+    log.handlers[:], log.propagate = [handler], False
+    try:
+        log.warning("folder %s\tnamed", b"caf\xff".decode("utf-8", "surrogateescape"))
+    finally:
+        log.handlers[:] = []
+    assert raw.getvalue().decode().endswith("folder caf\\udcff\tnamed\n")
