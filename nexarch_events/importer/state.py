@@ -10,7 +10,8 @@ The state lives only in Postgres: a restart loses nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import overload
@@ -145,13 +146,9 @@ class StateStore:
         """Decide the run's mode. ``mailbox_id``: the mailbox's
         registration; raises MailboxRemoved once that is gone (a run that
         signed in while it was removed must not create its state again)."""
-        try:
+        with _unless_removed(tenant_slug, mailbox_name):
             row = await self.db.fetchrow(_SQL["begin"], tenant_slug, mailbox_name, uidvalidity,
                                          uidnext, exists, mailbox_id)
-        except DatabaseError as exc:
-            if exc.sqlstate == "NXI03":
-                raise MailboxRemoved(tenant_slug, mailbox_name) from None
-            raise
         assert row is not None
         return RunStart(row["mode"], row["last_synced_uid"], row["old_uidvalidity"],
                         row["fetch_window"])
@@ -172,15 +169,11 @@ class StateStore:
         ``sha256``: ``content_hash(raw)`` if the caller has it already.
         Raises MailboxRemoved when the mailbox's state is gone (mode
         "unstable"; mode "new" raises NXI01 then)."""
-        try:
+        with _unless_removed(tenant_slug, mailbox_name):
             row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
                                          uidvalidity, uid, mode,
                                          content_hash(raw) if sha256 is None else sha256,
                                          len(raw), raw, internaldate, note, after)
-        except DatabaseError as exc:
-            if exc.sqlstate == "NXI03":  # an unstable pass whose mailbox was removed
-                raise MailboxRemoved(tenant_slug, mailbox_name) from None
-            raise
         assert row is not None
         return Archived(archive_id=row["archive_id"], created=row["created"],
                         job_id=None if row["job_id"] is None else JobId(row["job_id"]),
@@ -189,10 +182,12 @@ class StateStore:
     async def record_failure(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
                              uid: int, error: str, *, retry: bool) -> int:
         """Remember a message the server would not hand over (and, unless
-        ``retry``, advance past it): one transaction. Returns its attempts."""
-        attempts: int = await self.db.fetchval(_SQL["record_failure"], tenant_slug,
-                                               mailbox_name, uidvalidity, uid,
-                                               _stored(error), retry)
+        ``retry``, advance past it): one transaction. Returns its attempts.
+        Raises MailboxRemoved when a retry's mailbox state is gone."""
+        with _unless_removed(tenant_slug, mailbox_name):
+            attempts: int = await self.db.fetchval(_SQL["record_failure"], tenant_slug,
+                                                   mailbox_name, uidvalidity, uid,
+                                                   _stored(error), retry)
         return attempts
 
     async def pending_failures(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
@@ -262,6 +257,18 @@ def _stored(text: None) -> None: ...
 def _stored(text: str | None) -> str | None:
     """Text for the mailbox state: errors quote what the server said."""
     return None if text is None else storable_text(text, MAX_STATE_TEXT)
+
+
+@contextmanager
+def _unless_removed(tenant_slug: str, mailbox_name: str) -> Iterator[None]:
+    """NXI03 (the mailbox's registration or sync state is gone: removed
+    while a run was under way) as MailboxRemoved."""
+    try:
+        yield
+    except DatabaseError as exc:
+        if exc.sqlstate == "NXI03":
+            raise MailboxRemoved(tenant_slug, mailbox_name) from None
+        raise
 
 
 class MailboxRemoved(NexarchError):

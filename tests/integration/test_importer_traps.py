@@ -639,6 +639,38 @@ async def test_an_unstable_pass_stops_once_its_mailbox_is_removed(
     assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
 
 
+async def test_a_retry_under_way_when_its_mailbox_is_removed_records_nothing(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure refused again by a run's retry was recorded whether or not
+    its mailbox was still there: a row of a removed mailbox, which a mailbox
+    added again under the name inherits."""
+    from dataclasses import replace
+
+    from nexarch_events.importer.mailboxes import MailboxRegistry
+    from nexarch_events.importer.state import MailboxRemoved
+
+    registry = MailboxRegistry(db)
+    real_record = StateStore.record_failure
+
+    async def removed_before_a_retry(self: StateStore, *args: object,
+                                     retry: bool) -> int:
+        if retry:
+            await registry.remove(TENANT, NAME)
+        return await real_record(self, *args, retry=retry)  # type: ignore[arg-type]
+
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(unreadable_uids={2})) as server:
+        config = config_for(server)
+        registered = replace(config, id=await registry.add(config))
+        await run_sync(db.dsn, registered, "secret", imap_timeout=3)
+        assert await db.fetchval("SELECT count(*) FROM mail_import_failures") == 1
+        monkeypatch.setattr(StateStore, "record_failure", removed_before_a_retry)
+        with pytest.raises(MailboxRemoved):
+            await run_sync(db.dsn, registered, "secret", imap_timeout=3)
+    assert await db.fetchval("SELECT count(*) FROM mail_import_failures") == 0
+    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+
+
 async def test_a_mailbox_removed_while_its_run_signs_in_is_not_imported(
         db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     """A run that signed in while its mailbox was removed (mailbox remove,
