@@ -168,6 +168,8 @@ class WorkerPool:
         #: raced with their ack, their lease was not lost
         self._settling: set[JobId] = set()
         self._stopping = False
+        #: set by shutdown: ends a worker's pause for an outage
+        self._stopped = trio.Event()
         self._handler_scopes: set[trio.CancelScope] = set()
         self._log_failed = RateLimited(log, logging.WARNING)
         self._log_retry = RateLimited(log, logging.INFO)
@@ -195,6 +197,7 @@ class WorkerPool:
         if self._stopping:
             return
         self._stopping = True
+        self._stopped.set()
         self.wakeups.close()
         grace = self.settings.shutdown_grace if grace is None else grace
         deadline = trio.current_time() + grace
@@ -236,7 +239,7 @@ class WorkerPool:
                     if conn is not None and not usable:
                         conn.abort()
                         conn = None
-                    await trio.sleep(outage.failed(exc))
+                    await self._pause(outage.failed(exc))
                     continue
                 outage.ok()
                 if not jobs:
@@ -256,6 +259,11 @@ class WorkerPool:
                     await self._settle([], jobs, self.queue)
             if conn is not None:
                 await conn.aclose()
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait out an outage's backoff, or until shutdown begins."""
+        with trio.move_on_after(seconds):
+            await self._stopped.wait()
 
     async def _process(self, jobs: list[ClaimedJob], queue: Queue, worker_id: str,
                        handler_outage: Outage) -> list[ClaimedJob] | None:
@@ -317,7 +325,7 @@ class WorkerPool:
         if outage_only and not self._stopping:
             failure = done[0][1]
             assert failure is not None
-            await trio.sleep(handler_outage.failed(RuntimeError(failure.error)))
+            await self._pause(handler_outage.failed(RuntimeError(failure.error)))
         elif done:
             handler_outage.ok()
         return next_jobs

@@ -260,3 +260,36 @@ async def test_final_failures_are_logged_at_warning_and_retries_at_info(
               for r in caplog.records if hasattr(r, "job_id")}
     assert by_job == {(poison, "WARNING", "failed", 1, "acme"),
                       (retried, "INFO", "pending", 1, "acme")}
+
+
+async def test_a_worker_paused_by_an_outage_stops_at_once(db: Database,
+                                                          settings: Settings) -> None:
+    """A worker all of whose batch met an outage pauses, doubling up to
+    reconnect_max; a shutdown during the pause waited it out (with
+    NEXARCH_QUEUE_RECONNECT_MAX at 60 s, a minute for a restart)."""
+    settings = settings.with_queue(workers=1, batch_size=1, reconnect_max=30.0,
+                                   backoff_base=0.05)
+    calls = 0
+    fourth = trio.Event()
+
+    async def out_of_reach(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            fourth.set()
+        return {job.id: Failure("the index is out of reach", outage=True) for job in jobs}
+
+    service = QueueService(db, settings, {"index": out_of_reach, "delete": out_of_reach})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.queue.enqueue_many(
+            [NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(10)])
+        with trio.fail_after(20):
+            await fourth.wait()
+        await trio.sleep(0.3)  # in the pause after the 4th batch (4 s)
+        started = trio.current_time()
+        await service.shutdown(grace=0.3)
+    assert trio.current_time() - started < 1.5
+    assert calls == 4
+    assert await db.fetchval("SELECT count(*) FROM mail_index_jobs "
+                             "WHERE status = 'processing'") == 0
