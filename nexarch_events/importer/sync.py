@@ -525,8 +525,10 @@ class _Run:
     async def _refused(self, uid: int, exc: DatabaseRejected, store: StateStore) -> None:
         # One message's data, not the mailbox: the run goes on past it, and
         # later runs try it again (mode "recovered"), as for a message the
-        # server would not hand over.
-        await self._failed(uid, refusal(exc), retry=False, store=store)
+        # server would not hand over. Recorded on the refused import's own
+        # connection (free now; everything before it has settled), and
+        # ``self.after`` stays: the imports after it were sent already.
+        await self._record(store, uid, refusal(exc), retry=False)
 
     def _imported(self, uid: int, archived: Archived) -> None:
         self.report.imported += 1
@@ -590,20 +592,21 @@ class _Run:
                 return
             self.report.untrusted += 1
 
-    async def _failed(self, uid: int, problem: str, *, retry: bool,
-                      store: StateStore | None = None) -> None:
-        """Record ``uid``'s failure (and, unless ``retry``, advance past it).
-        ``store``: the connection of an import in flight that was refused
-        (the imports before it have settled); else the run's, once
-        everything in flight has settled."""
-        if store is None:
-            await self._settle()
-        attempts = await (store or self.store).record_failure(
+    async def _failed(self, uid: int, problem: str, *, retry: bool) -> None:
+        """Record ``uid``'s failure (and, unless ``retry``, advance past it),
+        once everything in flight has settled."""
+        await self._settle()
+        await self._record(self.store, uid, problem, retry=retry)
+        if not retry:
+            self.after = uid
+
+    async def _record(self, store: StateStore, uid: int, problem: str, *, retry: bool) -> None:
+        attempts = await store.record_failure(
             self.config.tenant_slug, self.config.name, self.uidvalidity, uid, problem,
             retry=retry)
         self.report.failed += 1
         if not retry:
-            self.report.last_synced_uid = self.after = uid
+            self.report.last_synced_uid = uid
         log.warning("mailbox %s/%s: UID %d not imported (attempt %d): %s",
                     self.config.tenant_slug, self.config.name, uid, attempts, problem)
 

@@ -16,6 +16,7 @@ audit: before, each stopped the mailbox for good, with nothing recorded):
 
 from __future__ import annotations
 
+import pytest
 import trio
 
 from nexarch_events.aio import Database
@@ -284,6 +285,26 @@ async def test_a_message_the_database_refuses_fails_alone(db: Database) -> None:
         assert await runs(db, server, 1) == []
     assert await failures(db) == {}
     assert [uid for _, uid in await locations(db)] == list(range(1, 13))
+
+
+@pytest.mark.parametrize("batch_messages", [5, 6])
+async def test_a_refusal_settled_at_the_end_of_a_batch_does_not_stop_the_next(
+        db: Database, batch_messages: int) -> None:
+    # The refused message was the one before last of a batch, settled
+    # after the last was sent: the next batch must follow the last, not it.
+    await db.execute(REFUSE_POISON)
+    msgs = messages(list(range(1, 16)))
+    poison = {batch_messages - 1, 2 * batch_messages - 1}
+    for uid in poison:
+        msgs[uid - 1] = ScriptedMessage(uid, message(uid, " poison"))
+    async with open_scripted_imap(msgs) as server:
+        with trio.fail_after(30):
+            report = await sync(db, server, batch_messages=batch_messages)
+    assert report.max_in_flight == 2  # type: ignore[attr-defined]
+    assert sorted(await failures(db)) == sorted(poison)
+    assert [uid for _, uid in await locations(db)] == \
+        [uid for uid in range(1, 16) if uid not in poison]
+    assert (await state(db)).last_synced_uid == 15
 
 
 async def test_a_message_the_database_refuses_fails_alone_in_an_unstable_pass(
