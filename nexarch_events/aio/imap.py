@@ -634,16 +634,24 @@ async def _aio_connect(endpoint: ImapEndpoint) -> tuple[Any, asyncio.Event]:
         raise ImapUnavailable(f"{endpoint.describe()}: cannot connect: "
                               f"{type(exc).__name__}: {exc}") from exc
     # The greeting makes aioimaplib ask for CAPABILITY; NONAUTH after both.
+    # Until it is returned the connection is this function's to close: the
+    # greeting's timeout cancels it here, before any session holds it (a
+    # server that never greets leaked one socket per attempt).
     greeted = asyncio.ensure_future(protocol.wait(f"{aioimaplib.NONAUTH}|{aioimaplib.AUTH}"))
     gone = asyncio.ensure_future(lost.wait())
     try:
-        await asyncio.wait({greeted, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not greeted.done():
-            greeted.cancel()
-    if not greeted.done() or greeted.cancelled():
-        raise ImapUnavailable(f"{endpoint.describe()}: connection closed before the greeting")
+        try:
+            await asyncio.wait({greeted, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not greeted.done():
+                greeted.cancel()
+        if not greeted.done() or greeted.cancelled():
+            raise ImapUnavailable(
+                f"{endpoint.describe()}: connection closed before the greeting")
+    except BaseException:
+        protocol.transport.abort()
+        raise
     return protocol, lost
 
 

@@ -5,6 +5,8 @@ test fails without the handling it names (see nexarch_events/importer/sync.py).
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import trio
 
@@ -715,3 +717,37 @@ async def test_a_mailbox_removed_while_its_run_signs_in_is_not_imported(
         assert (fresh.last_uidvalidity, fresh.last_synced_uid, fresh.imported_total) == (0, 0, 0)
         await run_sync(db.dsn, again, "secret", imap_timeout=3)
         assert len(await archived_hashes(db)) == 3
+
+
+async def test_a_server_that_never_greets_leaves_no_socket_open(aio_loop: None) -> None:
+    """The greeting's timeout cancelled the connect after the TCP connection
+    was made and before the session held it: nobody closed the socket. A
+    tarpit, or a server stuck after accept, leaked one per attempt until the
+    process ran out of file descriptors (an audit: 36 → 70 fds in 9 min)."""
+    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
+
+    accepted = 0
+    closed = 0
+
+    async def silent(stream: trio.SocketStream) -> None:
+        nonlocal accepted, closed
+        accepted += 1
+        try:
+            while await stream.receive_some(4096):
+                pass
+        except trio.BrokenResourceError:
+            pass
+        closed += 1
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        for _ in range(3):
+            with pytest.raises(ImapUnavailable, match="no greeting within"):
+                await ImapSession.open(ImapEndpoint("127.0.0.1", port, "plain", timeout=0.3),
+                                       "user", "secret")
+        with trio.move_on_after(5):
+            while closed < 3:
+                await trio.sleep(0.02)
+        nursery.cancel_scope.cancel()
+    assert (accepted, closed) == (3, 3)
