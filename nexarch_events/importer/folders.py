@@ -45,6 +45,9 @@ _LIST = re.compile(rb"^(?:LIST )?\(([^)]*)\) (NIL|\"(?:[^\"\\]|\\.)\") ?(.*)$",
 _LITERAL = re.compile(rb"^\{(\d+)\+?\}$")
 _ATOM = re.compile(rb"^([^\s(){%*\"\\\]]+)")
 _QUOTED = re.compile(rb'^"((?:[^"\\]|\\.)*)"')
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+#: The longest folder name archived (mail_import_mailboxes.folder).
+MAX_FOLDER_CHARS = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +117,25 @@ def parse_list(parts: Sequence[bytes | bytearray], *,
     """The ``LIST`` responses in ``parts`` (other untagged data is skipped).
     A name may come as an atom, a quoted string or a literal. With
     ``unreadable``, a folder whose name is not valid modified UTF-7 (a raw
-    "&", say) is left out and the reason added there, so one bad name does
-    not cost the account its other folders; without it, it raises."""
+    "&", say), or cannot be archived (empty, a control character, over
+    ``MAX_FOLDER_CHARS``, a name listed before), is left out and the reason
+    added there, so one bad name does not cost the account its other
+    folders; without it, it raises."""
     folders: list[Folder] = []
+    seen: set[str] = set()
+
+    def add(folder: Folder) -> None:
+        problem = folder_problem(folder.name)
+        if problem is None and folder.name in seen:
+            problem = f"folder name {folder.name[:80]!r} is listed twice (first one kept)"
+        if problem is not None:
+            if unreadable is None:
+                raise ImapProtocolError(problem)
+            unreadable.append(problem)
+            return
+        seen.add(folder.name)
+        folders.append(folder)
+
     i, n = 0, len(parts)
     while i < n:
         part = parts[i]
@@ -148,8 +167,7 @@ def parse_list(parts: Sequence[bytes | bytearray], *,
         except UnicodeDecodeError:
             # Some servers send UTF-8 names (RFC 6855 UTF8=ACCEPT) unasked.
             wire_text = raw_name.decode("utf-8", "replace")
-            folders.append(Folder(wire_name=wire_text, name=wire_text, delimiter=delimiter,
-                                  flags=flags))
+            add(Folder(wire_name=wire_text, name=wire_text, delimiter=delimiter, flags=flags))
             continue
         try:
             name = decode_mailbox_name(wire)
@@ -158,8 +176,20 @@ def parse_list(parts: Sequence[bytes | bytearray], *,
                 raise
             unreadable.append(str(exc))
             continue
-        folders.append(Folder(wire_name=wire, name=name, delimiter=delimiter, flags=flags))
+        add(Folder(wire_name=wire, name=name, delimiter=delimiter, flags=flags))
     return folders
+
+
+def folder_problem(name: str) -> str | None:
+    """Why a (decoded) folder name cannot be archived, or None."""
+    if not name:
+        return "a folder with an empty name"
+    if len(name) > MAX_FOLDER_CHARS:
+        return (f"folder name {name[:80]!r}... has {len(name)} characters; the limit is "
+                f"{MAX_FOLDER_CHARS}")
+    if _CONTROL.search(name):
+        return f"folder name {name[:80]!r} has a control character"
+    return None
 
 
 _KNOWN_FLAGS = {f.lower(): f for f in (

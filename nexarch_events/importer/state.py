@@ -38,10 +38,12 @@ def validate_mailbox_name(name: str) -> str:
     return name
 
 
-def validate_interval(seconds: int) -> int:
+def validate_interval(seconds: int, *, minimum: int = 1) -> int:
+    """A sync interval: ``minimum`` (an account's is 10: every folder signs
+    in once per interval) to a week."""
     if isinstance(seconds, bool) or not isinstance(seconds, int) \
-            or not 1 <= seconds <= MAX_INTERVAL_SECONDS:
-        raise InvalidJobError(f"interval must be 1..{MAX_INTERVAL_SECONDS} seconds, "
+            or not minimum <= seconds <= MAX_INTERVAL_SECONDS:
+        raise InvalidJobError(f"interval must be {minimum}..{MAX_INTERVAL_SECONDS} seconds, "
                               f"got {seconds!r}")
     return seconds
 

@@ -38,6 +38,12 @@ def test_account_lifecycle(database_url: str, dave: Dovecot) -> None:
     again = cli("account", "add", "acme", "dave", "--host", "h", "--user", "u",
                 "--password-env", "X", url=database_url)
     assert again.returncode == 2 and "already has an account named 'dave'" in again.stderr
+    # The database's bound, said as the CLI says every bound (exit 1 and a
+    # raw CheckViolationError before).
+    fast = cli("account", "add", "acme", "fast", "--host", "h", "--user", "u",
+               "--password-env", "X", "--interval", "5", url=database_url)
+    assert fast.returncode == 2 and "interval must be 10..604800 seconds" in fast.stderr, \
+        fast.stderr
 
     found = cli("account", "discover", "acme", "dave", url=database_url, env=env)
     assert found.returncode == 0, found.stderr

@@ -235,3 +235,37 @@ async def test_a_folder_name_that_cannot_be_read_costs_only_that_folder(
     assert len(found.unreadable) == 1 and "Tom & Jerry" in found.unreadable[0]
     assert any("Tom & Jerry" in r.getMessage() for r in caplog.records)
     assert len(await db.fetch("SELECT name FROM mail_import_mailboxes")) == 2
+
+
+@pytest.mark.parametrize(("extra", "why"), [
+    (["Projects"], "listed twice"),                  # the same line twice
+    (["&AFA-rojects"], "listed twice"),              # another spelling of it
+    (["/".join(["L" * 250] * 5)], "the limit is 1000"),  # Dovecot creates it
+    (["M\u00fcll\x00er"], "control character"),      # raw UTF-8, with a NUL
+    ([""], "empty name"),
+])
+async def test_a_listed_name_that_cannot_be_archived_costs_only_that_folder(
+        db: Database, monkeypatch: pytest.MonkeyPatch, extra: list[str], why: str) -> None:
+    """Each of these made the one statement that records a discovery fail
+    (a CHECK, "ON CONFLICT cannot affect a row twice"): none of the
+    account's folders was registered, and new ones never were again (found
+    by the accounts audit)."""
+    from nexarch_events.importer.accounts import discover
+
+    monkeypatch.setenv("FOLDER_TEST_PW", "secret")
+    imap = ScriptedImapServer([], folders=[ListedFolder("INBOX"), ListedFolder("Projects"),
+                                           *(ListedFolder(name) for name in extra)])
+    async with trio.open_nursery() as nursery:
+        await nursery.start(imap.serve)
+        registry = AccountRegistry(db)
+        await registry.add(AccountConfig(tenant_slug="acme", name="alice", host="127.0.0.1",
+                                         port=imap.port, tls_mode="plain", username="user",
+                                         password_ref="env:FOLDER_TEST_PW"))
+        account = await registry.get("acme", "alice")
+        found = await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
+                               imap_timeout=5)
+        nursery.cancel_scope.cancel()
+    assert found.listed == ("INBOX", "Projects")
+    assert len(found.unreadable) == 1 and why in found.unreadable[0], found.unreadable
+    assert sorted(r["folder"] for r in await db.fetch(
+        "SELECT folder FROM mail_import_mailboxes")) == ["INBOX", "Projects"]
