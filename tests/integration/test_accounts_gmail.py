@@ -20,6 +20,7 @@ from nexarch_events.errors import ImapAuthError
 from nexarch_events.importer.accounts import (
     AccountConfig,
     AccountRegistry,
+    Discovery,
     discover,
     folder_mailbox_name,
 )
@@ -210,17 +211,11 @@ async def test_tokens_the_server_keeps_refusing_are_the_state_with_backoff_no_st
         assert secret not in state.last_error
 
 
-async def test_a_folder_name_that_cannot_be_read_costs_only_that_folder(
-        db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-        ) -> None:
-    """A raw "&" (a client that did not write "&-", listed as is by some
-    servers) made the whole LIST unreadable: discovery failed and none of
-    the account's folders was registered (found by the importer audit)."""
-    from nexarch_events.importer.accounts import discover
-
+async def discover_listing(db: Database, monkeypatch: pytest.MonkeyPatch,
+                           names: list[str]) -> Discovery:
+    """One discovery of a password account whose server lists ``names``."""
     monkeypatch.setenv("FOLDER_TEST_PW", "secret")
-    imap = ScriptedImapServer([], folders=[ListedFolder("INBOX"), ListedFolder("Projects"),
-                                           ListedFolder("Tom & Jerry")])
+    imap = ScriptedImapServer([], folders=[ListedFolder(name) for name in names])
     async with trio.open_nursery() as nursery:
         await nursery.start(imap.serve)
         registry = AccountRegistry(db)
@@ -231,6 +226,16 @@ async def test_a_folder_name_that_cannot_be_read_costs_only_that_folder(
         found = await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
                                imap_timeout=5)
         nursery.cancel_scope.cancel()
+    return found
+
+
+async def test_a_folder_name_that_cannot_be_read_costs_only_that_folder(
+        db: Database, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    """A raw "&" (a client that did not write "&-", listed as is by some
+    servers) made the whole LIST unreadable: discovery failed and none of
+    the account's folders was registered (found by the importer audit)."""
+    found = await discover_listing(db, monkeypatch, ["INBOX", "Projects", "Tom & Jerry"])
     assert set(found.listed) == {"INBOX", "Projects"}
     assert len(found.unreadable) == 1 and "Tom & Jerry" in found.unreadable[0]
     assert any("Tom & Jerry" in r.getMessage() for r in caplog.records)
@@ -250,21 +255,7 @@ async def test_a_listed_name_that_cannot_be_archived_costs_only_that_folder(
     (a CHECK, "ON CONFLICT cannot affect a row twice"): none of the
     account's folders was registered, and new ones never were again (found
     by the accounts audit)."""
-    from nexarch_events.importer.accounts import discover
-
-    monkeypatch.setenv("FOLDER_TEST_PW", "secret")
-    imap = ScriptedImapServer([], folders=[ListedFolder("INBOX"), ListedFolder("Projects"),
-                                           *(ListedFolder(name) for name in extra)])
-    async with trio.open_nursery() as nursery:
-        await nursery.start(imap.serve)
-        registry = AccountRegistry(db)
-        await registry.add(AccountConfig(tenant_slug="acme", name="alice", host="127.0.0.1",
-                                         port=imap.port, tls_mode="plain", username="user",
-                                         password_ref="env:FOLDER_TEST_PW"))
-        account = await registry.get("acme", "alice")
-        found = await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
-                               imap_timeout=5)
-        nursery.cancel_scope.cancel()
+    found = await discover_listing(db, monkeypatch, ["INBOX", "Projects", *extra])
     assert found.listed == ("INBOX", "Projects")
     assert len(found.unreadable) == 1 and why in found.unreadable[0], found.unreadable
     assert sorted(r["folder"] for r in await db.fetch(
