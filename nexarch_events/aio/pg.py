@@ -128,13 +128,15 @@ def translate(exc: BaseException) -> DatabaseError | None:
     if isinstance(exc, asyncpg.PostgresError):
         state = getattr(exc, "sqlstate", None) or ""
         message = f"{type(exc).__name__} (SQLSTATE {state or 'none'}): {exc}"
-        if state == "26000" and "__asyncpg_stmt_" in str(exc):
-            # Our cached prepared statement is gone from the server session:
-            # a pooler in transaction mode hands each transaction another one.
+        if state in ("26000", "42P05") and "__asyncpg_stmt_" in str(exc):
+            # Our cached prepared statement is gone from the server session,
+            # or another client's of the same name is there: a pooler in
+            # transaction mode hands each transaction another one.
             return DatabasePoolerError(
                 "the database URL goes through a pooler in transaction mode (PgBouncer?): "
-                "set NEXARCH_LISTEN_DATABASE_URL to a direct connection for LISTEN, which "
-                f"also turns prepared-statement caching off ({message.split(':')[0]})",
+                "set NEXARCH_LISTEN_DATABASE_URL to a direct connection (not through the "
+                "pooler) for LISTEN, which also turns prepared-statement caching off "
+                f"({message.split(':')[0]})",
                 sqlstate=state)
         return error_class(state)(message, sqlstate=state or None,
                                   constraint=getattr(exc, "constraint_name", None))

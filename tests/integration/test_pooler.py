@@ -220,3 +220,26 @@ async def test_behind_a_transaction_pooler_the_vacuum_goes_direct(
         # through it would stay on one of them).
         for _ in range(8):
             assert await pooled.fetchval("SHOW statement_timeout") == "7min"
+
+
+async def test_cli_commands_through_a_pooler_without_a_direct_url_exit_2(
+        db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
+    """A CLI command run where only the pooled URL is set: its prepared
+    statements meet those an earlier client left on the same server
+    connection (42P05, "prepared statement __asyncpg_stmt_1__ already
+    exists"), which was sorted as a bug: exit 70 with a traceback (a
+    deployment audit: nine commands of nine). It is the pooler case the
+    README names: exit 2, naming the variable."""
+    from tests.acceptance.test_cli import cli
+
+    pooled = pgbouncer.url(database_url)
+    codes = []
+    for _ in range(4):
+        for args in (("stats",), ("mailbox", "list")):
+            result = await trio.to_thread.run_sync(lambda args=args: cli(*args, url=pooled))
+            codes.append(result.returncode)
+            assert result.returncode in (0, 2), result.stderr
+            if result.returncode == 2:
+                assert "NEXARCH_LISTEN_DATABASE_URL" in result.stderr, result.stderr
+                assert "Traceback" not in result.stderr
+    assert 2 in codes, codes  # the collision did happen
