@@ -82,6 +82,11 @@ class DatabaseUrlError(DatabaseError, ConfigurationError):
     certificate file that is not there): a configuration error (exit 2)."""
 
 
+class DatabasePrivilegeError(DatabaseError, ConfigurationError):
+    """The role lacks a privilege a statement needs (SQLSTATE 42501): the
+    operator's to grant (exit 2), not a bug in our SQL."""
+
+
 class MigrationError(NexarchError):
     """The schema cannot be brought up to date (e.g. an applied migration changed)."""
 

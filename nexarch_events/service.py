@@ -20,7 +20,7 @@ from functools import partial
 import trio
 
 from .aio import Connection, Database
-from .db.migrations import migrate
+from .db.migrations import ensure_current, watch_schema
 from .index.base import IndexBackend
 from .metrics import Metrics
 from .queue.jobs import Queue
@@ -158,7 +158,9 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                              connect_timeout=min(10.0, settings.command_timeout),
                              application_name=f"nexarch-events/pool/{name}",
                              **settings.pool_options()) as db:
-        await migrate(db)
+        # Migrated only when behind: a role that may not create tables runs a
+        # current schema (an upgrade audit: exit 70 at every start before).
+        await ensure_current(db, apply=True)
         service = QueueService(db, settings, handlers, name=name, listen_job_events=api,
                                extra_channels=channels)
         metrics = Metrics()
@@ -169,6 +171,9 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
         service.pool.metrics = metrics
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, service)
+            # A newer version migrated the schema under us: stop (exit 1),
+            # rather than run on with parts of our SQL gone.
+            nursery.start_soon(watch_schema, db)
             if importer:
                 scheduler = ImportScheduler(db, import_settings(settings),
                                             secret_key=settings.secret_key,

@@ -28,6 +28,7 @@ import trio_asyncio  # type: ignore[import-untyped]
 from ..errors import (
     DatabaseError,
     DatabasePoolerError,
+    DatabasePrivilegeError,
     DatabaseRejected,
     DatabaseTimedOut,
     DatabaseTransient,
@@ -74,6 +75,8 @@ SQLSTATE_KINDS: Mapping[str, type[DatabaseError]] = {
     "54000": DatabaseTransient,     # program limit: the NOTIFY queue is full
     "58": DatabaseTransient,        # system error: I/O error 58030
     "72000": DatabaseTransient,     # snapshot too old
+    # The operator's to fix (exit 2): a privilege the role lacks.
+    "42501": DatabasePrivilegeError,  # insufficient privilege
     # The data of this statement was refused: permanent for that item.
     "22": DatabaseRejected,         # data exception
     "23": DatabaseRejected,         # integrity constraint violation
@@ -204,6 +207,12 @@ class Connection(Executor):
 
     async def _run(self, method: str, *args: object) -> Any:
         return await _hop(getattr(self._target, method), *args)
+
+    async def execute_long(self, seconds: float, query: str, *args: object) -> str:
+        """``execute`` bounded by ``seconds`` instead of the connection's
+        command timeout: a migration's DDL over a large table."""
+        status: str = await _hop(self._target.execute, query, *args, timeout=seconds)
+        return status
 
     @classmethod
     async def open(cls, dsn: str, *, connect_timeout: float = 10.0,

@@ -47,12 +47,10 @@ def cmd_account_add(args: argparse.Namespace, settings: Settings, url: str) -> i
 
 
 def cmd_account_discover(args: argparse.Namespace, settings: Settings, url: str) -> int:
-    from ..db.migrations import migrate
     from ..importer.accounts import discover
     from ..importer.signin import SignIn
 
     async def go(db: Any, registry: Any) -> Any:
-        await migrate(db)
         account = await registry.get(args.tenant, args.name)
         sign_in = SignIn(account.mailbox("INBOX"), secret_key=settings.secret_key)
         try:

@@ -205,10 +205,8 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
         return EXIT_OK
 
     async def go(registry: Any) -> Any:
-        from ..db.migrations import migrate
         from ..importer.signin import SignIn
 
-        await migrate(registry.db)
         config = await registry.get(args.tenant, args.name)
         sign_in = SignIn(config, secret_key=settings.secret_key)
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from nexarch_events.aio.pg import SQLSTATE_KINDS, error_class
 from nexarch_events.errors import (
     DatabaseError,
+    DatabasePrivilegeError,
     DatabaseRejected,
     DatabaseTransient,
     DatabaseUnavailable,
@@ -16,13 +17,15 @@ from nexarch_events.errors import (
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "database-errors.md"
 KINDS = {"unavailable": DatabaseUnavailable, "transient": DatabaseTransient,
-         "rejected": DatabaseRejected, "bug": DatabaseError}
+         "rejected": DatabaseRejected, "bug": DatabaseError,
+         "configuration": DatabasePrivilegeError}
 
 
 def documented() -> dict[str, str]:
     rows = {}
     for line in DOC.read_text(encoding="utf-8").splitlines():
-        match = re.fullmatch(r"\| `([0-9A-Z]+)`(?: \(class\))? \| .* \| (\w+) \|", line)
+        match = re.fullmatch(r"\| `([0-9A-Z]+)`(?: \(class\))? \| .* \| (\w+)(?: \(exit 2\))? \|",
+                             line)
         if match:
             rows[match.group(1)] = match.group(2)
     return rows
