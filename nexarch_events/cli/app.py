@@ -204,13 +204,22 @@ def _terminate_as_interrupt(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     default_term = signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ignored_int = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     if default_term:
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        if ignored_int:
+            # Inherited as ignored (a background job of a shell script,
+            # `nexarch-events run & wait`): SIGTERM, raised as SIGINT, was
+            # dropped, and trio does not deliver a SIGINT it finds ignored
+            # (a shutdown audit). The running service answers SIGINT anyway.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _main(argv)
     finally:
         if default_term:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if ignored_int:
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _main(argv: Sequence[str] | None) -> int:
