@@ -97,7 +97,9 @@ class QueueService:
         await self.pool.shutdown(grace)
 
     def cancel(self) -> None:
-        """Stop now; in-flight jobs are released (shielded, bounded)."""
+        """Stop now; in-flight jobs are released (shielded, bounded), and
+        what cannot be recorded at once is left to the leases' expiry."""
+        self.pool.force()
         self._cancel.cancel()
 
     async def _pump(self, sub: Subscription) -> None:

@@ -12,7 +12,8 @@ import logging
 import os
 import socket
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import trio
@@ -171,6 +172,9 @@ class WorkerPool:
         #: set by shutdown: ends a worker's pause for an outage
         self._stopped = trio.Event()
         self._handler_scopes: set[trio.CancelScope] = set()
+        #: shielded waits to record outcomes: ``force`` cuts them short
+        self._shielded_scopes: set[trio.CancelScope] = set()
+        self._forced = False
         self._log_failed = RateLimited(log, logging.WARNING)
         self._log_retry = RateLimited(log, logging.INFO)
 
@@ -204,6 +208,27 @@ class WorkerPool:
         for scope in self._handler_scopes:
             scope.deadline = min(scope.deadline, deadline)
         await trio.lowlevel.checkpoint()
+
+    def force(self) -> None:
+        """Stop now (a second signal): the shielded waits to record outcomes
+        end at once instead of after up to ``max(stale_after, 5)`` s without
+        the database. What they did not record, the sweeper re-queues when
+        the leases expire."""
+        self._forced = True
+        for scope in self._shielded_scopes:
+            scope.cancel()
+
+    @contextmanager
+    def _shielded(self, seconds: float) -> Iterator[trio.CancelScope]:
+        """A shielded scope of at most ``seconds`` that ``force`` ends."""
+        with trio.move_on_after(seconds, shield=True) as scope:
+            if self._forced:
+                scope.cancel()
+            self._shielded_scopes.add(scope)
+            try:
+                yield scope
+            finally:
+                self._shielded_scopes.discard(scope)
 
     async def _work(self, worker_id: str) -> None:
         outage = Outage(f"worker {worker_id}", log, max_delay=self.settings.reconnect_max)
@@ -255,7 +280,7 @@ class WorkerPool:
                 jobs = claimed or []
         finally:
             if jobs:  # claimed but never started: hand them back
-                with trio.move_on_after(5, shield=True):
+                with self._shielded(5):
                     await self._settle([], jobs, self.queue)
             if conn is not None:
                 await conn.aclose()
@@ -301,7 +326,7 @@ class WorkerPool:
             # hands back what it did not. Bounded: stale-lease reclaim covers
             # the case where Postgres does not answer in time.
             bound = max(self.settings.stale_after, 5.0)
-            with trio.move_on_after(bound, shield=True) as settle_scope:
+            with self._shielded(bound) as settle_scope:
                 if finished_normally and not unfinished and not self._stopping \
                         and not outage_only:
                     try:

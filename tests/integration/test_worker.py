@@ -293,3 +293,43 @@ async def test_a_worker_paused_by_an_outage_stops_at_once(db: Database,
     assert calls == 4
     assert await db.fetchval("SELECT count(*) FROM mail_index_jobs "
                              "WHERE status = 'processing'") == 0
+
+
+async def test_a_second_signal_does_not_wait_for_an_ack_the_database_does_not_answer(
+        db: Database, settings: Settings) -> None:
+    """Stop now (the second SIGTERM) while a batch's outcome waits for a
+    database that does not answer: the shielded wait to record it ran out
+    its bound, max(stale_after, 5) s, first (a shutdown audit: 28 s, 58 s
+    with stale_after 60). Its lease expires and the sweeper re-queues it."""
+    from tests.support.tcp_proxy import TcpProxy
+
+    settings = settings.with_queue(workers=1, stale_after=20.0)
+    started, release = trio.Event(), trio.Event()
+
+    async def slow(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        started.set()
+        await release.wait()
+        return {}
+
+    proxy = TcpProxy.for_url(db.dsn)
+    async with trio.open_nursery() as outer:
+        await outer.start(proxy.run)
+        async with Database.open(proxy.url(db.dsn), max_size=4) as proxied:
+            service = QueueService(proxied, settings, {"index": slow, "delete": slow})
+            held = proxy.gate(b"mail_index_jobs_ack_and_claim")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                job_id = await service.queue.enqueue_index("acme", "m", {})
+                with trio.fail_after(10):
+                    await started.wait()
+                release.set()
+                with trio.fail_after(10):
+                    await held.reached.wait()  # the ack is on its way, unanswered
+                await service.shutdown(grace=0.1)
+                service.cancel()
+                stopping = trio.current_time()
+            stopped = trio.current_time() - stopping
+            held.open()
+        outer.cancel_scope.cancel()
+    assert stopped < 3.0, stopped
+    assert (await Queue(db).status(job_id)).status is JobStatus.PROCESSING  # its lease runs
