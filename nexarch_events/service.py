@@ -148,6 +148,7 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
     (the demo) binds any free port when the configured one is in use."""
     from .importer.accounts import AccountDiscovery
     from .importer.scheduler import ImportScheduler
+    from .importer.signin import TokenSources
 
     api = backend is not None and settings.api.enabled
     channels: tuple[str, ...] = ()
@@ -177,15 +178,20 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
             # rather than run on with parts of our SQL gone.
             nursery.start_soon(watch_schema, db)
             if importer:
+                # One OAuth2 token per account for its discovery and all its
+                # folders (a provider may rotate the refresh token on use).
+                tokens = TokenSources(secret_key=settings.secret_key)
                 scheduler = ImportScheduler(db, import_settings(settings),
                                             secret_key=settings.secret_key,
-                                            listener=service.listener, metrics=metrics)
+                                            listener=service.listener, metrics=metrics,
+                                            token_sources=tokens)
                 nursery.start_soon(scheduler.run)
                 # Registered accounts: their folders become mailboxes the
                 # scheduler picks up (a new folder's "sync now" wakes it).
                 nursery.start_soon(AccountDiscovery(db, settings.importer,
                                                     secret_key=settings.secret_key,
-                                                    listener=service.listener).run)
+                                                    listener=service.listener,
+                                                    token_sources=tokens).run)
             await nursery.start(_run_then_stop, service, nursery.cancel_scope)
             if backend is not None:
                 # Retention beside the sweeper: a pass at start, then every

@@ -48,7 +48,7 @@ from ..settings import ImportSettings
 from .folders import DEFAULT_EXCLUDED_PATTERNS, Folder, FolderRules, parse_list, select_folders
 from .mailboxes import MailboxConfig, MailboxRegistry, oauth_client_of
 from .oauth import OAuthClient
-from .signin import SignIn
+from .signin import SignIn, TokenSources
 from .state import DEFAULT_INTERVAL_SECONDS, StateStore, validate_interval
 
 log = logging.getLogger(__name__)
@@ -331,8 +331,13 @@ class AccountDiscovery:
 
     def __init__(self, db: Database, settings: ImportSettings, *,
                  secret_key: str | None = None, listener: Listener | None = None,
-                 request_min_gap: float = REQUEST_MIN_GAP) -> None:
+                 request_min_gap: float = REQUEST_MIN_GAP,
+                 token_sources: TokenSources | None = None) -> None:
+        """``token_sources``: OAuth2 token sources shared with the folders'
+        runners (ImportScheduler); the service passes one to both."""
         self.db = db
+        self.token_sources = TokenSources(secret_key=secret_key) if token_sources is None \
+            else token_sources
         self.settings = settings
         self.secret_key = secret_key
         self.listener = listener
@@ -443,6 +448,7 @@ class AccountDiscovery:
             return kept[1]
         if kept is not None:
             await kept[1].aclose()
-        sign_in = SignIn(account.mailbox("INBOX"), secret_key=self.secret_key)
+        sign_in = SignIn(account.mailbox("INBOX"), secret_key=self.secret_key,
+                         shared=self.token_sources)
         self._sign_ins[key] = (account, sign_in)
         return sign_in

@@ -48,7 +48,7 @@ from ..metrics import Metrics
 from ..queue.notify import IMPORT_REQUESTS_CHANNEL, Listener, Notification, Subscription
 from ..settings import ImportSettings
 from .mailboxes import MailboxConfig, MailboxRegistry
-from .signin import SignIn
+from .signin import SignIn, TokenSources
 from .state import MailboxRemoved, StateStore
 from .sync import ImportLimits, MailboxBusy, SyncReport, run_sync
 
@@ -97,8 +97,14 @@ class ImportScheduler:
                  listener: Listener | None = None, limits: ImportLimits | None = None,
                  on_run: RunObserver | None = None, metrics: Metrics | None = None,
                  idle_failures: int = IDLE_FAILURES,
-                 request_min_gap: float = REQUEST_MIN_GAP) -> None:
+                 request_min_gap: float = REQUEST_MIN_GAP,
+                 token_sources: TokenSources | None = None) -> None:
+        """``token_sources``: OAuth2 token sources shared with the account
+        discovery (the service passes one to both); by default the
+        scheduler's runners share their own."""
         self.db = db
+        self.token_sources = TokenSources(secret_key=secret_key) if token_sources is None \
+            else token_sources
         self.idle_failures = idle_failures
         self.request_min_gap = request_min_gap
         self.settings = settings
@@ -222,7 +228,8 @@ class _Runner:
         self._idle_status_shown = False
         self._last_run = float("-inf")
         #: Kept across sessions: an OAuth2 token is fetched once and reused.
-        self.sign_in = SignIn(config, secret_key=scheduler.secret_key)
+        self.sign_in = SignIn(config, secret_key=scheduler.secret_key,
+                              shared=scheduler.token_sources)
 
     @property
     def _server_has_idle(self) -> bool:

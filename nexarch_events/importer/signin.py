@@ -28,7 +28,7 @@ from ..aio.imap import ImapEndpoint, ImapSession
 from ..errors import ImapAuthError, OAuthRefused
 from . import secrets
 from .mailboxes import MailboxConfig
-from .oauth import TokenSource
+from .oauth import OAuthClient, TokenSource
 from .sasl import OAuthLogin
 
 #: A session signed in with a token ends when the token is due for refresh,
@@ -37,22 +37,67 @@ from .sasl import OAuthLogin
 MIN_SESSION_S = 60.0
 
 
+class TokenSources:
+    """A process's OAuth2 token sources, one per (client, user name), shared
+    by an account's discovery and the runners of all its folders. Each had
+    a source of its own, all starting from the registered refresh token: a
+    provider that rotates refresh tokens on use took the first refresh's new
+    one for the only valid one, and every other sign-in of the account was
+    refused (an accounts audit); and an account of n folders asked the
+    token endpoint n + 1 times per token lifetime. A source is closed when
+    its last user releases it."""
+
+    def __init__(self, *, secret_key: str | None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self._secret_key = secret_key
+        self._environ = environ
+        self._sources: dict[tuple[OAuthClient, str], tuple[TokenSource, int]] = {}
+
+    def acquire(self, client: OAuthClient, username: str) -> TokenSource:
+        source, users = self._sources.get((client, username), (None, 0))
+        if source is None:
+            source = TokenSource(client, secret_key=self._secret_key, environ=self._environ)
+        self._sources[(client, username)] = (source, users + 1)
+        return source
+
+    async def release(self, source: TokenSource) -> None:
+        for key, (held, users) in list(self._sources.items()):
+            if held is source:
+                if users > 1:
+                    self._sources[key] = (held, users - 1)
+                else:
+                    del self._sources[key]
+                    await held.aclose()
+                return
+
+    def __len__(self) -> int:
+        return len(self._sources)
+
+
 class SignIn:
     """Opens signed-in sessions for one mailbox. Owns its token source's
-    HTTP client until ``aclose``."""
+    HTTP client until ``aclose`` (or holds a shared one until then)."""
 
     def __init__(self, config: MailboxConfig, *, secret_key: str | None,
                  environ: Mapping[str, str] | None = None, password: str | None = None,
-                 tokens: TokenSource | None = None) -> None:
+                 tokens: TokenSource | None = None,
+                 shared: TokenSources | None = None) -> None:
         """``password``: sign in with it, whatever the registration says
         (embedding code and tests that hold the password themselves).
-        ``tokens``: the token source to use (default: one for ``config.oauth``)."""
+        ``tokens``: the token source to use (default: ``shared``'s for
+        ``config.oauth`` and the user, else one of its own)."""
         self.config = config
         self._secret_key = secret_key
         self._environ = environ
         self._password = password
+        self._shared: TokenSources | None = None
+        self._closed = False
         if tokens is None and config.oauth is not None and password is None:
-            tokens = TokenSource(config.oauth, secret_key=secret_key, environ=environ)
+            if shared is not None:
+                tokens = shared.acquire(config.oauth, config.username)
+                self._shared = shared
+            else:
+                tokens = TokenSource(config.oauth, secret_key=secret_key, environ=environ)
         self._tokens = tokens
 
     async def open(self, endpoint: ImapEndpoint) -> ImapSession:
@@ -92,6 +137,12 @@ class SignIn:
         return max(MIN_SESSION_S, due if due is not None else 0.0)
 
     async def aclose(self) -> None:
-        if self._tokens is not None:
-            await self._tokens.aclose()
+        tokens = self._tokens
+        if tokens is None or self._closed:
+            return
+        self._closed = True
+        if self._shared is not None:
+            await self._shared.release(tokens)
+        else:
+            await tokens.aclose()
 

@@ -260,3 +260,39 @@ async def test_a_listed_name_that_cannot_be_archived_costs_only_that_folder(
     assert len(found.unreadable) == 1 and why in found.unreadable[0], found.unreadable
     assert sorted(r["folder"] for r in await db.fetch(
         "SELECT folder FROM mail_import_mailboxes")) == ["INBOX", "Projects"]
+
+
+async def test_an_account_whose_provider_rotates_refresh_tokens_imports_every_folder(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The discovery and each folder's runner had a token source of their
+    own, each starting from the registered refresh token; a provider that
+    rotates it on use (the old one stops working) accepted only the first
+    refresh, and every folder's sign-in was refused (an accounts audit: 0
+    of 3 messages). Wired as the service wires them, they share one."""
+    from nexarch_events.importer.accounts import AccountDiscovery
+    from nexarch_events.importer.signin import TokenSources
+
+    monkeypatch.setenv("NEXARCH_TEST_GMAIL_SECRET", CLIENT_SECRET)
+    monkeypatch.setenv("NEXARCH_TEST_GMAIL_REFRESH", REFRESH_TOKEN)
+    endpoint = TokenEndpoint(client_id="archive-app", client_secret=CLIENT_SECRET,
+                             refresh_tokens={REFRESH_TOKEN}, rotate=True)
+    imap = ScriptedImapServer(user=USER, password="no-password-sign-in", mailbox="INBOX",
+                              folders=[ListedFolder("INBOX"), ListedFolder("Archive")],
+                              token_valid=endpoint.is_valid)
+    for n in range(3):
+        imap.add_message(mail(n))
+    settings = ImportSettings(imap_timeout=10, reload_interval=0.5, discovery_interval=600)
+    tokens = TokenSources(secret_key=None)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(endpoint.serve)
+        await nursery.start(imap.serve)
+        await registered(db, Gmail(endpoint, imap).account(use_idle=False,
+                                                           all_mail_only=False))
+        await nursery.start(AccountDiscovery(db, settings, token_sources=tokens).run)
+        await nursery.start(ImportScheduler(db, settings, token_sources=tokens).run)
+        with trio.fail_after(20):
+            while await db.fetchval("SELECT count(*) FROM mail_archive") < 3:
+                await trio.sleep(0.1)
+        assert len(endpoint.requests) == 1  # one token for the account's three sign-ins
+        nursery.cancel_scope.cancel()
+    assert len(tokens) == 0  # released by the last of its users
