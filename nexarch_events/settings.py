@@ -119,9 +119,17 @@ class ImportSettings:
     #: folder: many minutes); 0 means the pool's size minus 2, so that the
     #: sweeper, the API and account discovery always find one.
     max_runs: int = 0
+    #: IMAP sessions at once per server login (host, port, user name), IDLE
+    #: and syncs together, in one process; IDLE takes at most one fewer, so
+    #: that the login's other folders still sync at their interval. An
+    #: account of many folders held one connection per folder and exhausted
+    #: the provider's limit (Dovecot 10 per user and address, Gmail 15): the
+    #: rest failed with "[LIMIT]", and so did the user's own mail client.
+    sessions_per_login: int = 5
 
     def __post_init__(self) -> None:
         _positive_int("import.idle_limit", self.idle_limit, upper=100_000)
+        _positive_int("import.sessions_per_login", self.sessions_per_login, upper=1000)
         _positive_int("import.max_runs", self.max_runs, upper=10_000, lower=0)
         for name in ("idle_refresh", "imap_timeout", "reload_interval", "backoff_max",
                      "lock_wait", "discovery_interval"):

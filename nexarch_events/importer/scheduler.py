@@ -11,6 +11,12 @@ hit their servers in the same second.
 Runs of one mailbox never overlap, also across processes and machines: each
 run holds the mailbox's advisory lock (``sync.run_sync``).
 
+A server login (host, port, user name: an account's folders, or mailboxes
+registered by hand with the same login) has at most
+``import.sessions_per_login`` sessions at once, IDLE and syncs together;
+IDLE takes at most one fewer, so the login's other folders still sync at
+their interval. INBOX is offered IDLE first.
+
 Failures are per mailbox: a runner logs, records the error on the mailbox
 state (also one that happens before a sync starts: the password reference,
 connect, TLS, login), and retries with backoff (2 s doubling, capped by
@@ -34,6 +40,7 @@ mailbox state, and tries IDLE again after ``IDLE_RETRY_AFTER`` seconds.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import random
@@ -114,6 +121,7 @@ class ImportScheduler:
         self.on_run = on_run
         self.metrics = metrics
         self._idle_slots = trio.Semaphore(settings.idle_limit)
+        self._logins: dict[tuple[str, int, str], _Login] = {}
         #: Runs at once (``ImportSettings.max_runs``; unlimited when 0 here:
         #: the service sets it from its pool's size).
         self._runs = trio.CapacityLimiter(settings.max_runs or math.inf)
@@ -122,6 +130,14 @@ class ImportScheduler:
         self._last_reload = -math.inf
         #: Reads of the mailbox list (for tests and metrics).
         self.reloads = 0
+
+    def login(self, config: MailboxConfig) -> _Login:
+        """The session limits of ``config``'s server login."""
+        key = (config.host.lower(), config.port, config.username)
+        login = self._logins.get(key)
+        if login is None:
+            login = self._logins[key] = _Login(self.settings.sessions_per_login)
+        return login
 
     @property
     def mailboxes(self) -> list[Key]:
@@ -212,6 +228,15 @@ class ImportScheduler:
             log.warning("importer: cannot re-read mailboxes: %s", exc)
 
 
+class _Login:
+    """One server login's sessions: ``sessions`` for any, ``idle`` for the
+    IDLE connections among them (one fewer)."""
+
+    def __init__(self, sessions: int) -> None:
+        self.sessions = trio.CapacityLimiter(sessions)
+        self.idle = trio.Semaphore(sessions - 1)
+
+
 class _Runner:
     def __init__(self, scheduler: ImportScheduler, config: MailboxConfig) -> None:
         self.scheduler = scheduler
@@ -248,23 +273,24 @@ class _Runner:
     async def run(self) -> None:
         s = self.scheduler.settings
         with self.cancel_scope:
-            # Spread the first runs of many mailboxes a little.
-            await trio.sleep(random.uniform(0, 0.2))
+            # Spread the first runs of many mailboxes a little; INBOX first,
+            # so that it is the folder of a login that gets IDLE.
+            inbox = self.config.folder.upper() == "INBOX"
+            await trio.sleep(random.uniform(0, 0.2) + (0 if inbox else 0.3))
+            login = self.scheduler.login(self.config)
             while True:
                 # A request pending now is answered by this attempt.
                 self._wake = trio.Event()
                 try:
-                    if self.config.use_idle and self._server_has_idle:
+                    if self.config.use_idle and self._server_has_idle \
+                            and self._try_idle_slots(login):
                         try:
-                            self.scheduler._idle_slots.acquire_nowait()
-                        except trio.WouldBlock:
-                            pass
-                        else:
-                            try:
+                            async with login.sessions:
                                 await self._idle_loop()
-                            finally:
-                                self.scheduler._idle_slots.release()
-                            continue
+                        finally:
+                            login.idle.release()
+                            self.scheduler._idle_slots.release()
+                        continue
                     await self._sync()
                     await self._wait(await self._interval() * random.uniform(0.9, 1.1))
                 except MailboxRemoved:
@@ -283,6 +309,19 @@ class _Runner:
                     # Not self._wait(): a "sync now" must not cut the backoff
                     # short (guarantee 13). The attempt after it serves it.
                     await trio.sleep(delay * random.uniform(0.8, 1.2))
+
+    def _try_idle_slots(self, login: _Login) -> bool:
+        """Both IDLE slots (the process's, the login's), or neither."""
+        try:
+            self.scheduler._idle_slots.acquire_nowait()
+        except trio.WouldBlock:
+            return False
+        try:
+            login.idle.acquire_nowait()
+        except trio.WouldBlock:
+            self.scheduler._idle_slots.release()
+            return False
+        return True
 
     async def _record_failure(self, error: str) -> None:
         try:
@@ -305,8 +344,12 @@ class _Runner:
         self._wake = trio.Event()
         self._last_run = trio.current_time()
         metrics = self.scheduler.metrics
+        # A run of its own opens a session: one of the login's. In IDLE, the
+        # IDLE connection's (held already).
+        own_session = self.scheduler.login(self.config).sessions if session is None \
+            else contextlib.nullcontext()
         try:
-            async with self.scheduler._runs:
+            async with own_session, self.scheduler._runs:
                 report = await run_sync(self.scheduler.db, self.config, self.sign_in,
                                         session=session, limits=self.scheduler.limits,
                                         imap_timeout=s.imap_timeout, lock_wait=s.lock_wait)

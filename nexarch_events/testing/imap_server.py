@@ -318,8 +318,10 @@ class ScriptedImapServer:
         self.port = 0
         #: every command received, tag stripped; LOGIN passwords as ***; "DONE" ends IDLE
         self.commands: list[str] = []
-        #: accepted connections so far
+        #: accepted connections so far; open now, and the most open at once
         self.connections = 0
+        self.open_now = 0
+        self.most_open = 0
         #: Bytes of the never-ending line sent (``Faults.endless_line_at``).
         self.endless_line_sent = 0
         #: Bytes of untagged lines sent (``Faults.untagged_flood_at``).
@@ -395,6 +397,8 @@ class ScriptedImapServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         self.connections += 1
+        self.open_now += 1
+        self.most_open = max(self.most_open, self.open_now)
         connection = _Connection(stream, _Reader(stream))
         try:
             await self._converse(connection)
@@ -403,6 +407,7 @@ class ScriptedImapServer:
             # nursery of its own (IDLE), which wraps it in an exception group.
             pass
         finally:
+            self.open_now -= 1
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 

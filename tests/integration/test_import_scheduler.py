@@ -176,6 +176,24 @@ async def test_idle_limit_leaves_the_rest_on_their_interval(db: Database) -> Non
             assert sched.mailboxes == [("acme", "one"), ("acme", "two")]
 
 
+async def test_one_login_never_holds_more_sessions_than_its_limit(db: Database) -> None:
+    """One connection per folder in IDLE: an account of 14 folders used up
+    Dovecot's 10 per user and address (Gmail allows 15), the other folders
+    failed with "[LIMIT]" for as long as the service ran, and so did the
+    user's own mail client (an accounts audit). Here 8 mailboxes of one
+    login, at most 3 sessions: 2 of them in IDLE, every one imported."""
+    async with open_scripted_imap(messages([1, 2, 3])) as server, \
+            record_imports(db.dsn) as rec:
+        for n in range(8):
+            await MailboxRegistry(db).add(config(server, f"box{n}"), interval_seconds=3600)
+        async with scheduler(db, sessions_per_login=3) as sched:
+            await rec.wait_for_imported(count=24)
+            await wait_idle(sched, 2)
+            await trio.sleep(0.5)
+            assert len(sched.idle_mailboxes()) == 2
+            assert server.most_open <= 3, server.most_open
+
+
 async def test_a_run_waits_for_the_mailbox_lock(db: Database) -> None:
     async with open_scripted_imap(messages(list(range(1, 41)))) as server:
         cfg = config(server)
