@@ -177,6 +177,11 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
             # A newer version migrated the schema under us: stop (exit 1),
             # rather than run on with parts of our SQL gone.
             nursery.start_soon(watch_schema, db)
+            await nursery.start(_run_then_stop, service, nursery.cancel_scope)
+            # The importer once the listener heard itself: behind a pooler
+            # that it cannot listen through, the service refuses to start,
+            # and an importer started beside the check could leave a
+            # mailbox's run lock on one of the pooler's server connections.
             if importer:
                 # One OAuth2 token per account for its discovery and all its
                 # folders (a provider may rotate the refresh token on use).
@@ -192,7 +197,6 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
                                                     secret_key=settings.secret_key,
                                                     listener=service.listener,
                                                     token_sources=tokens).run)
-            await nursery.start(_run_then_stop, service, nursery.cancel_scope)
             if backend is not None:
                 # Retention beside the sweeper: a pass at start, then every
                 # retention.interval (one pass at a time across processes).

@@ -243,3 +243,35 @@ async def test_cli_commands_through_a_pooler_without_a_direct_url_exit_2(
                 assert "NEXARCH_LISTEN_DATABASE_URL" in result.stderr, result.stderr
                 assert "Traceback" not in result.stderr
     assert 2 in codes, codes  # the collision did happen
+
+
+async def test_a_run_refused_behind_a_pooler_signs_in_to_no_mailbox(
+        db: Database, database_url: str, pgbouncer: PgBouncer) -> None:
+    """`run` with the listen URL through the pooler too: it exits 2, but its
+    importer had started beside the listener's self-check and could leave
+    a mailbox's run lock on a pooler's server connection, which blocked
+    that mailbox for up to the pooler's server_lifetime (a deployment
+    audit). The importer starts once the listener heard itself."""
+    import os
+    import subprocess
+    import sys
+
+    from nexarch_events.importer.mailboxes import MailboxConfig, MailboxRegistry
+    from tests.support.imap_script import open_scripted_imap
+
+    pooled = pgbouncer.url(database_url)
+    async with open_scripted_imap([]) as server:
+        await MailboxRegistry(db).add(MailboxConfig(
+            tenant_slug="acme", name="inbox", host=server.host, port=server.port,
+            tls_mode="plain", username="user", password_ref="env:POOLER_TEST_PW"))
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("NEXARCH_")}
+        environ.update(NEXARCH_DATABASE_URL=pooled, NEXARCH_LISTEN_DATABASE_URL=pooled,
+                       NEXARCH_API_ENABLED="false", POOLER_TEST_PW="secret")
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "nexarch_events", "run"], env=environ,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with trio.fail_after(60):
+            code = await proc.wait()
+        assert code == 2
+        assert server.logins == 0, server.commands
+    assert await held_locks(db, RUN_LOCK) == 0
