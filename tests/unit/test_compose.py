@@ -41,3 +41,29 @@ def test_compose_runs_postgres_without_jit() -> None:
     command = postgres["command"]
     assert command[0] == "postgres"
     assert [command[i + 1] for i, arg in enumerate(command) if arg == "-c"] == ["jit=off"]
+
+
+def test_every_path_the_compose_examples_name_is_mounted() -> None:
+    """The examples named /run/secrets/imap_alice and /data, which nothing
+    mounted, and a password variable the service never had (a deployment
+    audit)."""
+    import re
+
+    text = (ROOT / "compose.yaml").read_text()
+    services = yaml.safe_load(text)["services"]
+    mounts = [f"/run/secrets/{name}" for name in services["postgres"]["secrets"]]
+    mounts += [v.split(":")[1] for v in services["service"].get("volumes", [])]
+    mounts += [f"/run/secrets/{name}" for name in services["service"]["secrets"]]
+    named = set(re.findall(r"(/(?:run/secrets|data)/[\w./-]*)", text))
+    assert "/data/" in named and "/run/secrets/imap/alice" in named
+    for path in named:
+        assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts), path
+    assert "--password-env" not in text  # the running service, not the CLI, reads it
+
+
+def test_the_image_runs_as_a_fixed_uid() -> None:
+    # Compose mounts secrets with the host file's owner and mode: an uid
+    # that useradd picks cannot be given them without world-read.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "--uid 10001" in dockerfile and "\nUSER 10001\n" in dockerfile
+    assert "chown -R 10001" in (ROOT / "compose.yaml").read_text()
