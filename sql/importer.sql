@@ -325,7 +325,8 @@ SELECT a.*,
 
 -- name: account_folders
 -- One discovery's outcome, in one statement: a mailbox per folder found
--- ($2 folder names, $3 their mailbox names), created or refreshed from the
+-- ($2 folder names, $3 their mailbox names, $4 the names as LIST gave them,
+-- which EXAMINE is given), created or refreshed from the
 -- account's settings; folders not found are marked gone. A mailbox of the
 -- same name that the operator registered by hand is never taken over (it is
 -- left out of the result). Rows: every folder mailbox of the account now,
@@ -338,16 +339,17 @@ found AS (
            (tenant_slug, name, host, port, tls_mode, ca_file, username, password_ref,
             folder, use_idle, auth_method, oauth_token_url, oauth_client_id,
             oauth_secret_ref, oauth_refresh_ref, oauth_scope, oauth_certificate_ref,
-            account_id)
+            account_id, folder_wire)
     SELECT acc.tenant_slug, f.mailbox, acc.host, acc.port, acc.tls_mode, acc.ca_file,
            acc.username, acc.password_ref, f.folder, acc.use_idle, acc.auth_method,
            acc.oauth_token_url, acc.oauth_client_id, acc.oauth_secret_ref,
-           acc.oauth_refresh_ref, acc.oauth_scope, acc.oauth_certificate_ref, acc.id
-      FROM acc, unnest($2::text[], $3::text[]) AS f(folder, mailbox)
+           acc.oauth_refresh_ref, acc.oauth_scope, acc.oauth_certificate_ref, acc.id, f.wire
+      FROM acc, unnest($2::text[], $3::text[], $4::text[]) AS f(folder, mailbox, wire)
     ON CONFLICT (tenant_slug, name) DO UPDATE
        SET host = EXCLUDED.host, port = EXCLUDED.port, tls_mode = EXCLUDED.tls_mode,
            ca_file = EXCLUDED.ca_file, username = EXCLUDED.username,
            password_ref = EXCLUDED.password_ref, folder = EXCLUDED.folder,
+           folder_wire = EXCLUDED.folder_wire,
            use_idle = EXCLUDED.use_idle, auth_method = EXCLUDED.auth_method,
            oauth_token_url = EXCLUDED.oauth_token_url,
            oauth_client_id = EXCLUDED.oauth_client_id,

@@ -273,7 +273,8 @@ class AccountRegistry:
         chosen = select_folders(listed, account.rules)
         names = [folder_mailbox_name(account.name, f.name) for f in chosen]
         rows = await self.db.fetch(_SQL["account_folders"], account.id,
-                                   [f.name for f in chosen], names)
+                                   [f.name for f in chosen], names,
+                                   [f.wire_name for f in chosen])
         found = {r["name"] for r in rows if not r["gone"]}
         return Discovery(
             account=account.name, listed=tuple(f.name for f in listed),

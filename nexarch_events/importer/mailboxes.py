@@ -43,6 +43,9 @@ class MailboxConfig:
     enabled: bool = True
     id: int | None = None
     oauth: OAuthClient | None = None
+    #: The folder's name as the server listed it (an account's folders),
+    #: which EXAMINE is given; None: ``folder`` encoded (modified UTF-7).
+    folder_wire: str | None = None
 
     def __post_init__(self) -> None:
         validate_tenant_slug(self.tenant_slug)
@@ -74,7 +77,7 @@ class MailboxConfig:
                    port=row["port"], tls_mode=row["tls_mode"], username=row["username"],
                    password_ref=row["password_ref"], folder=row["folder"],
                    ca_file=row["ca_file"], use_idle=row["use_idle"], enabled=row["enabled"],
-                   id=row["id"], oauth=oauth)
+                   id=row["id"], oauth=oauth, folder_wire=row["folder_wire"])
 
     def endpoint(self, *, timeout: float) -> ImapEndpoint:
         return ImapEndpoint(self.host, self.port, self.tls_mode, self.ca_file, timeout)

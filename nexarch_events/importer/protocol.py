@@ -251,11 +251,17 @@ def uid_set(uids: Sequence[int]) -> str:
     return ",".join(out)
 
 
-def mailbox_argument(name: str) -> str:
+def mailbox_argument(name: str, *, wire: str | None = None) -> str:
     """A mailbox name as an IMAP argument: modified UTF-7 (RFC 3501 §5.1.3),
-    quoted."""
-    if not name or any(ch in name for ch in "\r\n\x00"):
-        raise ImapProtocolError(f"mailbox name {name[:60]!r} is empty or has CR, LF or NUL")
+    quoted. ``wire``: the name as the server listed it, given back as it
+    was (quoted): a server that lists a name in another form (raw UTF-8, a
+    non-canonical encoding) knows the folder by that form only."""
+    for text in (name, wire):
+        if text is not None and (not text or any(ch in text for ch in "\r\n\x00")):
+            raise ImapProtocolError(f"mailbox name {text[:60]!r} is empty or has CR, LF "
+                                    "or NUL")
+    if wire is not None:
+        return _quoted(wire)
     out: list[str] = []
     pending: list[str] = []
 
@@ -272,5 +278,8 @@ def mailbox_argument(name: str) -> str:
         else:
             pending.append(ch)
     flush()
-    encoded = "".join(out)
-    return '"' + encoded.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return _quoted("".join(out))
+
+
+def _quoted(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

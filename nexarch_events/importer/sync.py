@@ -191,7 +191,7 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
     new messages in flight comes from (None: one at a time)."""
     tenant, name = config.tenant_slug, config.name
     report = SyncReport(tenant, name)
-    folder = mailbox_argument(config.folder)
+    folder = mailbox_argument(config.folder, wire=config.folder_wire)
     status = parse_examine(await patiently(limits, report, session.examine, folder))
     start = await store.begin(tenant, name, status.uidvalidity, status.uidnext, status.exists,
                               mailbox_id=config.id)

@@ -296,3 +296,29 @@ async def test_an_account_whose_provider_rotates_refresh_tokens_imports_every_fo
         assert len(endpoint.requests) == 1  # one token for the account's three sign-ins
         nursery.cancel_scope.cancel()
     assert len(tokens) == 0  # released by the last of its users
+
+
+@pytest.mark.parametrize("wire", ["&AGE-bc", "Kunden/M\u00fcller"])
+async def test_a_folder_is_opened_by_the_name_the_server_listed(
+        db: Database, monkeypatch: pytest.MonkeyPatch, wire: str) -> None:
+    """EXAMINE was given the decoded name encoded again: a folder listed in
+    another form (a non-canonical modified UTF-7, a raw UTF-8 name some
+    servers send unasked) answered NONEXISTENT and its mail was never
+    imported (an accounts audit)."""
+    monkeypatch.setenv("FOLDER_TEST_PW", "secret")
+    imap = ScriptedImapServer(mailbox=wire, folders=[ListedFolder(wire)])
+    imap.add_message(mail(1))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(imap.serve)
+        registry = AccountRegistry(db)
+        await registry.add(AccountConfig(tenant_slug="acme", name="alice", host="127.0.0.1",
+                                         port=imap.port, tls_mode="plain", username="user",
+                                         password_ref="env:FOLDER_TEST_PW"))
+        account = await registry.get("acme", "alice")
+        await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
+                       imap_timeout=5)
+        [(config, _)] = await MailboxRegistry(db).scheduled()
+        report = await run_sync(db, config, "secret", imap_timeout=5)
+        nursery.cancel_scope.cancel()
+    assert report.imported == 1
+    assert any(c == f'EXAMINE "{wire}"' for c in imap.commands), imap.commands
