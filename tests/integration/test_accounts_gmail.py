@@ -10,6 +10,7 @@ asked in a loop."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -211,11 +212,11 @@ async def test_tokens_the_server_keeps_refusing_are_the_state_with_backoff_no_st
         assert secret not in state.last_error
 
 
-async def discover_listing(db: Database, monkeypatch: pytest.MonkeyPatch,
-                           names: list[str]) -> Discovery:
-    """One discovery of a password account whose server lists ``names``."""
+@asynccontextmanager
+async def discovered(db: Database, monkeypatch: pytest.MonkeyPatch,
+                     imap: ScriptedImapServer) -> AsyncIterator[Discovery]:
+    """One discovery of a password account on ``imap``, served for the block."""
     monkeypatch.setenv("FOLDER_TEST_PW", "secret")
-    imap = ScriptedImapServer([], folders=[ListedFolder(name) for name in names])
     async with trio.open_nursery() as nursery:
         await nursery.start(imap.serve)
         registry = AccountRegistry(db)
@@ -223,10 +224,17 @@ async def discover_listing(db: Database, monkeypatch: pytest.MonkeyPatch,
                                          port=imap.port, tls_mode="plain", username="user",
                                          password_ref="env:FOLDER_TEST_PW"))
         account = await registry.get("acme", "alice")
-        found = await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
-                               imap_timeout=5)
+        yield await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
+                             imap_timeout=5)
         nursery.cancel_scope.cancel()
-    return found
+
+
+async def discover_listing(db: Database, monkeypatch: pytest.MonkeyPatch,
+                           names: list[str]) -> Discovery:
+    """One discovery of a password account whose server lists ``names``."""
+    imap = ScriptedImapServer([], folders=[ListedFolder(name) for name in names])
+    async with discovered(db, monkeypatch, imap) as found:
+        return found
 
 
 async def test_a_folder_name_that_cannot_be_read_costs_only_that_folder(
@@ -305,20 +313,10 @@ async def test_a_folder_is_opened_by_the_name_the_server_listed(
     another form (a non-canonical modified UTF-7, a raw UTF-8 name some
     servers send unasked) answered NONEXISTENT and its mail was never
     imported (an accounts audit)."""
-    monkeypatch.setenv("FOLDER_TEST_PW", "secret")
     imap = ScriptedImapServer(mailbox=wire, folders=[ListedFolder(wire)])
     imap.add_message(mail(1))
-    async with trio.open_nursery() as nursery:
-        await nursery.start(imap.serve)
-        registry = AccountRegistry(db)
-        await registry.add(AccountConfig(tenant_slug="acme", name="alice", host="127.0.0.1",
-                                         port=imap.port, tls_mode="plain", username="user",
-                                         password_ref="env:FOLDER_TEST_PW"))
-        account = await registry.get("acme", "alice")
-        await discover(db, account, SignIn(account.mailbox("INBOX"), secret_key=None),
-                       imap_timeout=5)
+    async with discovered(db, monkeypatch, imap):
         [(config, _)] = await MailboxRegistry(db).scheduled()
         report = await run_sync(db, config, "secret", imap_timeout=5)
-        nursery.cancel_scope.cancel()
     assert report.imported == 1
     assert any(c == f'EXAMINE "{wire}"' for c in imap.commands), imap.commands
