@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import trio
@@ -76,6 +76,8 @@ class QueueService:
         self._cancel = trio.CancelScope()
         #: The HTTP API's port once it listens (serve() with a backend).
         self.api_port: int | None = None
+        #: Called by ``cancel``: what else must stop now (the API's writes).
+        self.on_cancel: list[Callable[[], None]] = []
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run until ``shutdown`` has finished the workers, or until cancelled.
@@ -100,6 +102,8 @@ class QueueService:
         """Stop now; in-flight jobs are released (shielded, bounded), and
         what cannot be recorded at once is left to the leases' expiry."""
         self.pool.force()
+        for stop_now in self.on_cancel:
+            stop_now()
         self._cancel.cancel()
 
     async def _pump(self, sub: Subscription) -> None:
@@ -210,6 +214,7 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
 
                 assert backend is not None
                 ctx = ApiContext(db, settings, backend, service.listener, metrics, name=name)
+                service.on_cancel.append(ctx.client_writes.abort)
                 service.api_port = await nursery.start(partial(
                     serve_api, ctx, any_port_if_taken=api_any_port_if_taken))
             log.info("service running name=%s workers=%d batch_size=%d importer=%s api=%s",

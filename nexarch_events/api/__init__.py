@@ -9,8 +9,9 @@ stream are described in ``openapi.yaml`` beside this file (served at
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import cast
 
@@ -60,6 +61,30 @@ class ApiContext:
     #: The service's name in its connections' application_name
     #: (``nexarch-events/api-streams/<name>``, ``.../api-probe/<name>``).
     name: str | None = None
+    #: Writes to clients in flight: ``client_writes.abort()`` (the service's
+    #: second signal) ends them at once instead of after WRITE_TIMEOUT.
+    client_writes: ClientWrites = field(default_factory=lambda: ClientWrites())
+
+
+class ClientWrites:
+    """The shielded writes to clients of one server (``serve_api``)."""
+
+    def __init__(self) -> None:
+        self.scopes: set[trio.CancelScope] = set()
+        self.aborted = False
+
+    def abort(self) -> None:
+        """Stop now: every write in flight ends, and every later one at once
+        (the connection is closed as if the client had gone)."""
+        self.aborted = True
+        for scope in self.scopes:
+            scope.cancel()
+
+
+#: The server whose connection a hypercorn task serves (set by serve_api;
+#: its tasks inherit it).
+_WRITES: contextvars.ContextVar[ClientWrites | None] = contextvars.ContextVar(
+    "nexarch_api_client_writes", default=None)
 
 
 def create_app(ctx: ApiContext) -> AsgiApp:
@@ -88,14 +113,24 @@ async def _protocol_send(self: tcp_server.TCPServer, event: Event) -> None:
     if not isinstance(event, RawData):
         await _hypercorn_protocol_send(self, event)
         return
+    writes = _WRITES.get()
     async with self.send_lock:
         try:
-            with trio.CancelScope(shield=True):
-                with trio.move_on_after(WRITE_TIMEOUT) as timed:
-                    await self.stream.send_all(event.data)
-            if timed.cancelled_caught:
-                log.info("api: a client read nothing for %g s; connection closed",
-                         WRITE_TIMEOUT)
+            with trio.CancelScope(shield=True) as shielded:
+                if writes is not None:
+                    writes.scopes.add(shielded)
+                    if writes.aborted:
+                        shielded.cancel()
+                try:
+                    with trio.move_on_after(WRITE_TIMEOUT) as timed:
+                        await self.stream.send_all(event.data)
+                finally:
+                    if writes is not None:
+                        writes.scopes.discard(shielded)
+            if timed.cancelled_caught or shielded.cancelled_caught:
+                if timed.cancelled_caught:
+                    log.info("api: a client read nothing for %g s; connection closed",
+                             WRITE_TIMEOUT)
                 await trio.aclose_forcefully(self.stream)
                 await self.protocol.handle(Closed())
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -159,6 +194,7 @@ async def serve_api(ctx: ApiContext, *, any_port_if_taken: bool = False,
                 application_name=f"nexarch-events/api-probe/{name}",
                 **ctx.settings.pool_options())))
         app = create_app(ctx)
+        _WRITES.set(ctx.client_writes)  # inherited by the server's tasks
         async with trio.open_nursery() as nursery:
             binds: list[str] = await nursery.start(partial(
                 worker_serve, wrap_app(cast(Framework, app), config.wsgi_max_body_size, "asgi"),
@@ -168,4 +204,4 @@ async def serve_api(ctx: ApiContext, *, any_port_if_taken: bool = False,
             task_status.started(port)
 
 
-__all__ = ["ApiContext", "create_app", "serve_api"]
+__all__ = ["ApiContext", "ClientWrites", "create_app", "serve_api"]

@@ -1509,6 +1509,28 @@ async def test_a_client_that_reads_nothing_is_dropped_and_never_holds_the_shutdo
     assert took < 10, f"shutdown waited {took:.1f} s for a client that reads nothing"
 
 
+async def test_stop_now_ends_the_writes_to_clients_that_read_nothing(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    """The second signal: a client that reads nothing held the shutdown for
+    up to WRITE_TIMEOUT (30 s; a shutdown audit: 26 s, also after the second
+    SIGTERM), the bound on one write. ``client_writes.abort()`` (what the
+    service's cancel calls) ends the writes in flight at once."""
+    import socket
+
+    sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    async with open_env(db, database_url, fast_settings) as env:
+        await sock.connect(("127.0.0.1", env.port))
+        await sock.send(b"GET /openapi.yaml HTTP/1.1\r\nHost: x\r\n\r\n" * 20)
+        await trio.sleep(1.5)  # the server's write is stuck
+        assert env.ctx.client_writes.scopes  # ... on a write in flight
+        stopping = trio.current_time()
+        env.ctx.client_writes.abort()
+    took = trio.current_time() - stopping
+    sock.close()
+    assert took < 5, f"shutdown waited {took:.1f} s for a client that reads nothing"
+
+
 async def test_a_search_that_meets_a_lock_timeout_answers_503(
         db: Database, database_url: str, fast_settings: QueueSettings) -> None:
     """A statement or lock timeout answered 500, "the request failed", as if
