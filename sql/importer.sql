@@ -222,12 +222,16 @@ failures AS (
 SELECT id FROM gone;
 
 -- name: lag
--- Per mailbox: watermark, what the server announced, seconds since the last
--- successful run (for /metrics and the status page).
-SELECT tenant_slug, mailbox_name, last_synced_uid, server_uidnext,
-       extract(epoch FROM now() - last_success_at)::float8 AS since_success
-  FROM mail_import_state
- ORDER BY tenant_slug, mailbox_name;
+-- Per mailbox that is imported (registered, enabled, its folder not gone):
+-- watermark, what the server announced, seconds since the last successful
+-- run (for /metrics). A paused mailbox or a folder gone from its account
+-- is not behind; its time since success grew for ever (an accounts audit).
+SELECT s.tenant_slug, s.mailbox_name, s.last_synced_uid, s.server_uidnext,
+       extract(epoch FROM now() - s.last_success_at)::float8 AS since_success
+  FROM mail_import_state s
+  JOIN mail_import_mailboxes m ON m.tenant_slug = s.tenant_slug AND m.name = s.mailbox_name
+ WHERE m.enabled AND m.folder_gone_at IS NULL
+ ORDER BY s.tenant_slug, s.mailbox_name;
 
 -- name: mailbox_get_by_id
 -- A registered mailbox by id, within tenant $2 (NULL: any tenant). No row:

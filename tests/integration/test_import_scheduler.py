@@ -437,3 +437,23 @@ async def test_runs_at_once_are_bounded_by_max_runs(db: Database) -> None:
                     await trio.sleep(0.005)
     assert most == 2
     assert {e.mailbox for e in rec.select()} == {f"box{n}" for n in range(5)}
+
+
+async def test_the_lag_metric_leaves_out_paused_mailboxes_and_gone_folders(
+        db: Database) -> None:
+    """nexarch_import_lag_seconds read every state row: a paused mailbox,
+    a folder gone from its account (and a removed mailbox's orphaned
+    state) looked more behind every second, for ever (an accounts audit)."""
+    from nexarch_events.db import sqlfiles
+
+    async with open_scripted_imap(messages([1])) as server:
+        registry = MailboxRegistry(db)
+        for name in ("live", "paused", "gone"):
+            await registry.add(config(server, name), interval_seconds=3600)
+    await registry.set_enabled("acme", "paused", False)
+    await db.execute("UPDATE mail_import_mailboxes SET folder_gone_at = now() "
+                     "WHERE name = 'gone'")
+    await db.execute("INSERT INTO mail_import_state (tenant_slug, mailbox_name) "
+                     "VALUES ('acme', 'orphan')")
+    rows = await db.fetch(sqlfiles.queries("importer.sql")["lag"])
+    assert [r["mailbox_name"] for r in rows] == ["live"]
