@@ -222,15 +222,18 @@ failures AS (
 SELECT id FROM gone;
 
 -- name: lag
--- Per mailbox that is imported (registered, enabled, its folder not gone):
--- watermark, what the server announced, seconds since the last successful
--- run (for /metrics). A paused mailbox or a folder gone from its account
--- is not behind; its time since success grew for ever (an accounts audit).
+-- Per mailbox that is imported (registered ones only while enabled and
+-- their folder is not gone; one synced without registration, by an
+-- embedder, too): watermark, what the server announced, seconds since the
+-- last successful run (for /metrics). A paused mailbox or a folder gone
+-- from its account is not behind; its time since success grew for ever
+-- (an accounts audit).
 SELECT s.tenant_slug, s.mailbox_name, s.last_synced_uid, s.server_uidnext,
        extract(epoch FROM now() - s.last_success_at)::float8 AS since_success
   FROM mail_import_state s
-  JOIN mail_import_mailboxes m ON m.tenant_slug = s.tenant_slug AND m.name = s.mailbox_name
- WHERE m.enabled AND m.folder_gone_at IS NULL
+  LEFT JOIN mail_import_mailboxes m
+         ON m.tenant_slug = s.tenant_slug AND m.name = s.mailbox_name
+ WHERE m.id IS NULL OR (m.enabled AND m.folder_gone_at IS NULL)
  ORDER BY s.tenant_slug, s.mailbox_name;
 
 -- name: mailbox_get_by_id

@@ -441,9 +441,10 @@ async def test_runs_at_once_are_bounded_by_max_runs(db: Database) -> None:
 
 async def test_the_lag_metric_leaves_out_paused_mailboxes_and_gone_folders(
         db: Database) -> None:
-    """nexarch_import_lag_seconds read every state row: a paused mailbox,
-    a folder gone from its account (and a removed mailbox's orphaned
-    state) looked more behind every second, for ever (an accounts audit)."""
+    """nexarch_import_lag_seconds read every state row: a paused mailbox
+    and a folder gone from its account looked more behind every second,
+    for ever (an accounts audit). A mailbox synced without registration
+    (an embedder's) is still reported."""
     from nexarch_events.db import sqlfiles
 
     async with open_scripted_imap(messages([1])) as server:
@@ -454,6 +455,6 @@ async def test_the_lag_metric_leaves_out_paused_mailboxes_and_gone_folders(
     await db.execute("UPDATE mail_import_mailboxes SET folder_gone_at = now() "
                      "WHERE name = 'gone'")
     await db.execute("INSERT INTO mail_import_state (tenant_slug, mailbox_name) "
-                     "VALUES ('acme', 'orphan')")
+                     "VALUES ('acme', 'embedded')")
     rows = await db.fetch(sqlfiles.queries("importer.sql")["lag"])
-    assert [r["mailbox_name"] for r in rows] == ["live"]
+    assert [r["mailbox_name"] for r in rows] == ["embedded", "live"]
