@@ -320,3 +320,39 @@ async def test_a_folder_is_opened_by_the_name_the_server_listed(
         report = await run_sync(db, config, "secret", imap_timeout=5)
     assert report.imported == 1
     assert any(c == f'EXAMINE "{wire}"' for c in imap.commands), imap.commands
+
+
+async def test_accounts_that_never_answer_do_not_hold_up_the_others(
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One lock for all discoveries: each account waited for every one
+    before it, a server that accepts and never greets for imap_timeout (an
+    accounts audit: another tenant's first discovery 61 s late)."""
+    from functools import partial
+
+    from nexarch_events.importer.accounts import AccountDiscovery
+
+    async def silent(stream: trio.SocketStream) -> None:
+        await trio.sleep_forever()
+
+    monkeypatch.setenv("FOLDER_TEST_PW", "secret")
+    imap = ScriptedImapServer([], folders=[ListedFolder("INBOX")])
+    registry = AccountRegistry(db)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(imap.serve)
+        [hung] = await nursery.start(partial(trio.serve_tcp, silent, 0, host="127.0.0.1"))
+        hung_port = hung.socket.getsockname()[1]
+        for tenant, name, port in (("aaa", "hung1", hung_port), ("aaa", "hung2", hung_port),
+                                   ("beta", "bob", imap.port)):
+            await registry.add(AccountConfig(tenant_slug=tenant, name=name, host="127.0.0.1",
+                                             port=port, tls_mode="plain", username="user",
+                                             password_ref="env:FOLDER_TEST_PW"))
+        discovery = AccountDiscovery(db, ImportSettings(imap_timeout=3))
+        nursery.start_soon(discovery.round)
+        started = trio.current_time()
+        with trio.fail_after(20):
+            while not await db.fetchval("SELECT count(*) FROM mail_import_mailboxes "
+                                        "WHERE tenant_slug = 'beta'"):
+                await trio.sleep(0.05)
+        took = trio.current_time() - started
+        nursery.cancel_scope.cancel()
+    assert took < 2.5, f"beta's discovery waited {took:.1f} s for the hung accounts"
