@@ -75,16 +75,19 @@ async def test_a_running_service_stops_when_the_schema_moves_past_it(db: Databas
 
 
 async def test_commands_refuse_an_older_schema_and_the_service_migrates_it(
-        db: Database) -> None:
+        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every command migrated on start: one `search` from a laptop with a
-    newer version upgraded production under the running fleet."""
+    newer version upgraded production under the running fleet. (A newer
+    version is one more migration here: a real one may not run twice.)"""
+    from nexarch_events.db import migrations
     from nexarch_events.db.migrations import ensure_current
 
-    last = max(v for v, _, _ in sqlfiles.migrations())
-    await db.execute("DELETE FROM nexarch_schema_migrations WHERE version = $1", last)
-    with pytest.raises(MigrationError, match=rf"older than this version.*{last:04d}.*migrate"):
+    known = sqlfiles.migrations()
+    newer = (len(known) + 1, "a_newer_version", "CREATE TABLE test_newer (id integer)")
+    monkeypatch.setattr(migrations.sqlfiles, "migrations", lambda: [*known, newer])
+    with pytest.raises(MigrationError, match=rf"older than this version.*{newer[0]:04d}.*migrate"):
         await ensure_current(db)
-    assert await ensure_current(db, apply=True) == [last]
+    assert await ensure_current(db, apply=True) == [newer[0]]
     assert await ensure_current(db) == []
 
 
