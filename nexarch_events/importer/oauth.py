@@ -177,8 +177,10 @@ class TokenSource:
         self._failures = 0
         self._retry_at = float("-inf")
         self._last_error: OAuthRefused | OAuthUnavailable | None = None
-        #: Sign-ins the IMAP server refused in a row (``reject``).
+        #: Tokens the IMAP server refused in a row (``reject``), and a
+        #: digest of the last one.
         self._rejections = 0
+        self._last_rejected: bytes | None = None
         #: Requests made to the endpoint (for metrics and tests).
         self.requests = 0
         verify: ssl.SSLContext | bool = True
@@ -256,9 +258,15 @@ class TokenSource:
         any sign-in succeeds is the provider's answer, not a stale token:
         the source then waits its refusal backoff (``REFUSED_FLOOR_S``
         doubling) before it asks again, and ``token()`` raises
-        ``OAuthRefused`` meanwhile. Never blocks."""
+        ``OAuthRefused`` meanwhile. A token counts once, however many
+        sign-ins it failed (a source shared by an account's folders: each
+        folder's sign-in with a revoked token is refused). Never blocks."""
         if self._token is not None and self._token.value == token:
             self._token = None
+        digest = hashlib.sha256(token.encode("utf-8", "replace")).digest()
+        if digest == self._last_rejected:
+            return
+        self._last_rejected = digest
         self._rejections += 1
         if self._rejections < 2:
             return

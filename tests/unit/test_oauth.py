@@ -373,3 +373,23 @@ async def test_a_token_the_imap_server_refuses_is_replaced_once_then_backed_off(
         tokens.accepted()
         tokens.reject("some-older-token", "refused")
         assert await tokens.token() == current
+
+
+async def test_one_stale_token_refused_by_many_sign_ins_counts_once(
+        endpoint: TokenEndpoint) -> None:
+    """A source shared by an account's folders (importer/signin.py
+    TokenSources): when the provider revokes the cached token, each folder's
+    sign-in with it is refused. Each refusal counted, so the second folder's
+    made it "2 tokens refused in a row" and the whole account waited the
+    refusal backoff (60 s doubling to 300 s) without ever trying a new token
+    (a review audit)."""
+    clock = Clock()
+    async with source(endpoint, clock, refresh=True) as tokens:
+        stale = await tokens.token()
+        for _ in range(5):  # five folders, the same stale token
+            tokens.reject(stale, "XOAUTH2 sign-in refused: status 401")
+        fresh = await tokens.token()
+        assert fresh != stale and len(endpoint.requests) == 2
+        tokens.reject(fresh, "refused")  # a new token refused too: the provider means it
+        with pytest.raises(OAuthRefused, match="refused 2 access token"):
+            await tokens.token()
