@@ -46,13 +46,16 @@ SELECT b.*, (SELECT s.fetch_window FROM mail_import_state s
 -- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID (NULL: not trusted),
 -- $5 mode (new | recovered | unstable), $6 sha256, $7 size, $8 raw,
 -- $9 INTERNALDATE or NULL, $10 the location's note or NULL (migration 0020),
--- $11 the UID this import follows when two are in flight, or NULL (0026).
+-- $11 the UID this import follows when two are in flight, or NULL (0026),
+-- $12 the mailbox's registration id or NULL (mode unstable checks it; 0040).
 SELECT * FROM mail_import_message($1, $2, $3::bigint, $4::bigint, $5, $6, $7::int, $8,
-                                  $9::timestamptz, $10::text, $11::bigint);
+                                  $9::timestamptz, $10::text, $11::bigint, $12::bigint);
 
 -- name: record_failure
--- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID, $5 error, $6 is a retry.
-SELECT mail_import_failure($1, $2, $3::bigint, $4::bigint, $5, $6::boolean) AS attempts;
+-- $1 tenant, $2 mailbox, $3 UIDVALIDITY, $4 UID, $5 error, $6 is a retry,
+-- $7 the mailbox's registration id or NULL (a retry checks it; 0041).
+SELECT mail_import_failure($1, $2, $3::bigint, $4::bigint, $5, $6::boolean,
+                           $7::bigint) AS attempts;
 
 -- name: pending_failures
 -- Recorded failures to retry at this UIDVALIDITY. $3 UIDVALIDITY, $4 max attempts.

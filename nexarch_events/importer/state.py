@@ -159,7 +159,8 @@ class StateStore:
                              uid: int | None, mode: str, raw: bytes, *,
                              internaldate: datetime | None = None,
                              note: str | None = None, after: int | None = None,
-                             sha256: bytes | None = None) -> Archived:
+                             sha256: bytes | None = None,
+                             mailbox_id: int | None = None) -> Archived:
         """Archive + index job + location (with its INTERNALDATE and note) +
         (mode "new") advance to ``uid`` + NOTIFY: one statement, one
         transaction.
@@ -169,27 +170,31 @@ class StateStore:
         and advances only from exactly ``after``, else raises DatabaseError
         with SQLSTATE NXI02 (send it again once that one has settled).
         ``sha256``: ``content_hash(raw)`` if the caller has it already.
-        Raises MailboxRemoved when the mailbox's state is gone (mode
-        "unstable"; mode "new" raises NXI01 then)."""
+        ``mailbox_id``: the run's registration; mode "unstable" raises
+        MailboxRemoved once it is gone (without one: once the state is;
+        mode "new" raises NXI01 then)."""
         with _unless_removed(tenant_slug, mailbox_name):
             row = await self.db.fetchrow(_SQL["import_message"], tenant_slug, mailbox_name,
                                          uidvalidity, uid, mode,
                                          content_hash(raw) if sha256 is None else sha256,
-                                         len(raw), raw, internaldate, note, after)
+                                         len(raw), raw, internaldate, note, after,
+                                         mailbox_id)
         assert row is not None
         return Archived(archive_id=row["archive_id"], created=row["created"],
                         job_id=None if row["job_id"] is None else JobId(row["job_id"]),
                         location_added=row["location_added"])
 
     async def record_failure(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
-                             uid: int, error: str, *, retry: bool) -> int:
+                             uid: int, error: str, *, retry: bool,
+                             mailbox_id: int | None = None) -> int:
         """Remember a message the server would not hand over (and, unless
         ``retry``, advance past it): one transaction. Returns its attempts.
-        Raises MailboxRemoved when a retry's mailbox state is gone."""
+        Raises MailboxRemoved when a retry's registration (``mailbox_id``;
+        without one, the mailbox's state) is gone."""
         with _unless_removed(tenant_slug, mailbox_name):
             attempts: int = await self.db.fetchval(_SQL["record_failure"], tenant_slug,
                                                    mailbox_name, uidvalidity, uid,
-                                                   _stored(error), retry)
+                                                   _stored(error), retry, mailbox_id)
         return attempts
 
     async def pending_failures(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,

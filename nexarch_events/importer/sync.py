@@ -585,7 +585,8 @@ class _Run:
             await self._settle()
             try:
                 await self.store.import_message(self.config.tenant_slug, self.config.name,
-                                                self.uidvalidity, None, "unstable", item.body)
+                                                self.uidvalidity, None, "unstable", item.body,
+                                                mailbox_id=self.config.id)
             except DatabaseRejected as exc:
                 self.report.warn(f"a message without a UID could not be archived: "
                                  f"{refusal(exc)}")
@@ -603,7 +604,7 @@ class _Run:
     async def _record(self, store: StateStore, uid: int, problem: str, *, retry: bool) -> None:
         attempts = await store.record_failure(
             self.config.tenant_slug, self.config.name, self.uidvalidity, uid, problem,
-            retry=retry)
+            retry=retry, mailbox_id=self.config.id)
         self.report.failed += 1
         if not retry:
             self.report.last_synced_uid = uid
@@ -680,7 +681,7 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
                 try:
                     archived = await store.import_message(
                         config.tenant_slug, config.name, 0, uid, "unstable", item.body,
-                        internaldate=item.internaldate)
+                        internaldate=item.internaldate, mailbox_id=config.id)
                 except DatabaseRejected as exc:
                     report.warn(f"message {item.seq} (UID {item.uid}) could not be archived: "
                                 f"{refusal(exc)}")

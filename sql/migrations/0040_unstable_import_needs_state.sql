@@ -3,16 +3,42 @@
 -- mailbox was removed (mailbox remove, erase --unregister-mailboxes, a
 -- tenant's erasure): mail erased a moment before came back (stop 27's
 -- leftovers). Mode "new" already needs the state row at the UIDVALIDITY it
--- began with, and "recovered" its failure row; "unstable" now needs the
--- state row too, locked until it commits (a removal waits for it, then
--- drops the state), and refuses with NXI03 (importer/state.py:
--- MailboxRemoved) once it is gone. Only that check is new; the rest is
--- migration 0028's function.
-CREATE OR REPLACE FUNCTION mail_import_message(
+-- began with, and "recovered" its failure row. "unstable" now needs the
+-- run's registration, as mail_import_begin does (0038): p_mailbox_id, held
+-- until the import commits (a removal waits for it); NXI03
+-- (importer/state.py: MailboxRemoved) once it is gone, also when a mailbox
+-- of the same name was added again meanwhile (a review audit: checking for
+-- a state row let the old run import into the new registration). Without
+-- an id (a mailbox not registered: tests, embedders), the state row must
+-- be there (mail_import_still_registered, held until the transaction
+-- ends). Only that check is new; the rest is migration 0028's function.
+CREATE FUNCTION mail_import_still_registered(p_tenant text, p_mailbox text,
+                                             p_mailbox_id bigint)
+RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_mailbox_id IS NOT NULL THEN
+        PERFORM 1 FROM mail_import_mailboxes m
+         WHERE m.id = p_mailbox_id AND m.tenant_slug = p_tenant AND m.name = p_mailbox
+           FOR KEY SHARE;
+    ELSE
+        PERFORM 1 FROM mail_import_state s
+         WHERE s.tenant_slug = p_tenant AND s.mailbox_name = p_mailbox
+           FOR NO KEY UPDATE;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'mailbox %/% is not registered any more', p_tenant, p_mailbox
+              USING ERRCODE = 'NXI03';
+    END IF;
+END $$;
+
+DROP FUNCTION mail_import_message(text, text, bigint, bigint, text, bytea, integer, bytea,
+                                  timestamptz, text, bigint);
+CREATE FUNCTION mail_import_message(
     p_tenant text, p_mailbox text, p_uidvalidity bigint, p_uid bigint, p_mode text,
     p_sha256 bytea, p_size integer, p_raw bytea,
     p_internaldate timestamptz DEFAULT NULL, p_note text DEFAULT NULL,
-    p_after bigint DEFAULT NULL,
+    p_after bigint DEFAULT NULL, p_mailbox_id bigint DEFAULT NULL,
     OUT archive_id bigint, OUT created boolean, OUT job_id bigint, OUT location_added boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -33,13 +59,7 @@ BEGIN
     END IF;
 
     IF p_mode = 'unstable' THEN
-        PERFORM 1 FROM mail_import_state s
-         WHERE s.tenant_slug = p_tenant AND s.mailbox_name = p_mailbox
-           FOR NO KEY UPDATE;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'mailbox %/% has no sync state any more (removed)',
-                            p_tenant, p_mailbox USING ERRCODE = 'NXI03';
-        END IF;
+        PERFORM mail_import_still_registered(p_tenant, p_mailbox, p_mailbox_id);
     END IF;
 
     IF p_mode = 'recovered' THEN

@@ -2,13 +2,17 @@
 -- the server once more) was inserted whether or not its mailbox was still
 -- there: a retry under way while the mailbox was removed left a failure
 -- row of a mailbox that no longer exists, inherited by a mailbox added
--- again under the name (stop 27's leftovers). A retry now needs the state
--- row too and refuses with NXI03 (importer/state.py: MailboxRemoved) once
--- it is gone; a first failure already needed it (NXI01). Only that check is
--- new; the rest is migration 0019's function.
-CREATE OR REPLACE FUNCTION mail_import_failure(
+-- again under the name (stop 27's leftovers). A retry now needs the run's
+-- registration (p_mailbox_id, as mail_import_begin in 0038; without one,
+-- the state row: mail_import_still_registered, 0040) and refuses with NXI03 (importer/state.py: MailboxRemoved)
+-- once it is gone, also when a mailbox of the name was added again (a
+-- review audit). A first failure already needed the state row at the
+-- run's UIDVALIDITY (NXI01). Only that check is new; the rest is migration
+-- 0019's function.
+DROP FUNCTION mail_import_failure(text, text, bigint, bigint, text, boolean);
+CREATE FUNCTION mail_import_failure(
     p_tenant text, p_mailbox text, p_uidvalidity bigint, p_uid bigint,
-    p_error text, p_retry boolean)
+    p_error text, p_retry boolean, p_mailbox_id bigint DEFAULT NULL)
 RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -25,13 +29,7 @@ BEGIN
                   USING ERRCODE = 'NXI01';
         END IF;
     ELSE
-        PERFORM 1 FROM mail_import_state s
-         WHERE s.tenant_slug = p_tenant AND s.mailbox_name = p_mailbox
-           FOR NO KEY UPDATE;
-        IF NOT FOUND THEN
-            RAISE EXCEPTION 'mailbox %/% has no sync state any more (removed)',
-                            p_tenant, p_mailbox USING ERRCODE = 'NXI03';
-        END IF;
+        PERFORM mail_import_still_registered(p_tenant, p_mailbox, p_mailbox_id);
     END IF;
     INSERT INTO mail_import_failures AS f
            (tenant_slug, mailbox_name, uidvalidity, uid, last_error)

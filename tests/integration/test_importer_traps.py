@@ -606,12 +606,15 @@ async def test_a_reply_the_client_cannot_place_ends_the_session_with_the_reason(
     assert (await state(db)).last_synced_uid == 2
 
 
+@pytest.mark.parametrize("added_again", [False, True])
 async def test_an_unstable_pass_stops_once_its_mailbox_is_removed(
-        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+        db: Database, monkeypatch: pytest.MonkeyPatch, added_again: bool) -> None:
     """UIDVALIDITY 0: every message is imported by content hash, with no
     watermark for the database to check, and the pass went on archiving
     after its mailbox was removed mid-pass (erase --unregister-mailboxes:
-    the mail it had just erased came back)."""
+    the mail it had just erased came back). Also when a mailbox of the name
+    was added again meanwhile (how settings are changed): the old run went
+    on into the new registration (a review audit)."""
     from dataclasses import replace
 
     from nexarch_events.importer.mailboxes import MailboxRegistry
@@ -627,6 +630,8 @@ async def test_an_unstable_pass_stops_once_its_mailbox_is_removed(
         calls += 1
         if calls == 2:
             await registry.remove(TENANT, NAME)
+            if added_again:
+                await registry.add(config)
         return await real_import(self, *args, **kwargs)  # type: ignore[arg-type]
 
     async with open_scripted_imap(messages([1, 2, 3, 4]),
@@ -638,14 +643,16 @@ async def test_an_unstable_pass_stops_once_its_mailbox_is_removed(
             await run_sync(db.dsn, registered, "secret", imap_timeout=3)
     assert calls == 2
     assert len(await archived_hashes(db)) == 1
-    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == int(added_again)
 
 
+@pytest.mark.parametrize("added_again", [False, True])
 async def test_a_retry_under_way_when_its_mailbox_is_removed_records_nothing(
-        db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+        db: Database, monkeypatch: pytest.MonkeyPatch, added_again: bool) -> None:
     """A failure refused again by a run's retry was recorded whether or not
     its mailbox was still there: a row of a removed mailbox, which a mailbox
-    added again under the name inherits."""
+    added again under the name inherits (or, added again during the run,
+    is given at once: a review audit)."""
     from dataclasses import replace
 
     from nexarch_events.importer.mailboxes import MailboxRegistry
@@ -654,11 +661,13 @@ async def test_a_retry_under_way_when_its_mailbox_is_removed_records_nothing(
     registry = MailboxRegistry(db)
     real_record = StateStore.record_failure
 
-    async def removed_before_a_retry(self: StateStore, *args: object,
-                                     retry: bool) -> int:
+    async def removed_before_a_retry(self: StateStore, *args: object, retry: bool,
+                                     **kwargs: object) -> int:
         if retry:
             await registry.remove(TENANT, NAME)
-        return await real_record(self, *args, retry=retry)  # type: ignore[arg-type]
+            if added_again:
+                await registry.add(config)
+        return await real_record(self, *args, retry=retry, **kwargs)  # type: ignore[arg-type]
 
     async with open_scripted_imap(messages([1, 2, 3]),
                                   faults=Faults(unreadable_uids={2})) as server:
@@ -670,7 +679,7 @@ async def test_a_retry_under_way_when_its_mailbox_is_removed_records_nothing(
         with pytest.raises(MailboxRemoved):
             await run_sync(db.dsn, registered, "secret", imap_timeout=3)
     assert await db.fetchval("SELECT count(*) FROM mail_import_failures") == 0
-    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == int(added_again)
 
 
 async def test_a_mailbox_removed_while_its_run_signs_in_is_not_imported(
