@@ -45,7 +45,7 @@ import trio
 
 from .aio import Database
 from .aio import run as aio_run
-from .db.migrations import migrate
+from .db.migrations import ensure_current
 from .errors import ConfigurationError, JobNotFound, NexarchError
 from .importer.mailboxes import MailboxConfig, MailboxRegistry
 from .index.base import IndexBackend, SearchQuery, SearchResult
@@ -289,7 +289,8 @@ class Demo:
     async def _run(self) -> None:
         async with Database.open(self.url, max_size=self.settings.queue.workers + 2,
                                  **self.settings.pool_options()) as db:
-            await migrate(db)
+            # As `run` does: an older schema is migrated, a newer one refused.
+            await ensure_current(db, apply=True)
             async with open_index(self.settings, db) as backend, \
                     trio.open_nursery() as nursery:
                 await nursery.start(self.imap.serve)
@@ -448,7 +449,9 @@ class Demo:
         with trio.move_on_after(self.settings.queue.shutdown_grace + 10):
             await self.served.wait()
             return
-        self.service.cancel()  # releases in-flight jobs, shielded and bounded
+        # Stop now: what the workers cannot record at once is left to the
+        # leases' expiry (the sweeper re-queues it at the next start).
+        self.service.cancel()
         with trio.move_on_after(15):
             await self.served.wait()
 

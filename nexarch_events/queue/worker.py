@@ -341,9 +341,11 @@ class WorkerPool:
                 await self._settle(done, unfinished, queue, worker_id)
             if settle_scope.cancelled_caught:
                 self.stats.unrecorded += len(jobs)
-                log.warning("gave up recording the outcome of %d job(s) after %.0fs without "
-                            "the database: their leases expire and the sweeper re-queues "
-                            "them; jobs %s", len(jobs), bound, sorted(j.id for j in jobs))
+                why = "stopping now" if self._forced else \
+                    f"after {bound:.0f}s without the database"
+                log.warning("gave up recording the outcome of %d job(s) (%s): their leases "
+                            "expire and the sweeper re-queues them; jobs %s", len(jobs), why,
+                            sorted(j.id for j in jobs))
             for job in jobs:
                 self._in_flight.pop(job.id, None)
                 self._settling.discard(job.id)
