@@ -346,7 +346,7 @@ async def test_accounts_that_never_answer_do_not_hold_up_the_others(
             await registry.add(AccountConfig(tenant_slug=tenant, name=name, host="127.0.0.1",
                                              port=port, tls_mode="plain", username="user",
                                              password_ref="env:FOLDER_TEST_PW"))
-        discovery = AccountDiscovery(db, ImportSettings(imap_timeout=3))
+        discovery = AccountDiscovery(db, ImportSettings(imap_timeout=6))
         nursery.start_soon(discovery.round)
         started = trio.current_time()
         with trio.fail_after(20):
@@ -355,4 +355,4 @@ async def test_accounts_that_never_answer_do_not_hold_up_the_others(
                 await trio.sleep(0.05)
         took = trio.current_time() - started
         nursery.cancel_scope.cancel()
-    assert took < 2.5, f"beta's discovery waited {took:.1f} s for the hung accounts"
+    assert took < 5, f"beta's discovery waited {took:.1f} s for the hung accounts (12 s before)"

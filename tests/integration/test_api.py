@@ -1528,7 +1528,7 @@ async def test_stop_now_ends_the_writes_to_clients_that_read_nothing(
         env.ctx.client_writes.abort()
     took = trio.current_time() - stopping
     sock.close()
-    assert took < 5, f"shutdown waited {took:.1f} s for a client that reads nothing"
+    assert took < 10, f"shutdown waited {took:.1f} s for a client that reads nothing"
 
 
 async def test_a_search_that_meets_a_lock_timeout_answers_503(
