@@ -208,14 +208,19 @@ async def test_sigterm_before_the_service_is_up_exits_like_ctrl_c(
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)  # a migration runs
         proc = await trio.lowlevel.open_process(
             command, env=environ, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        with trio.fail_after(60):
-            while not await db.fetchval(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                    "AND NOT granted"):
-                await trio.sleep(0.1)  # it waits for the lock now
-        proc.send_signal(signal.SIGTERM)
-        with trio.fail_after(30):
-            code = await proc.wait()
+        try:
+            with trio.fail_after(60):
+                while not await db.fetchval(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND NOT granted"):
+                    await trio.sleep(0.1)  # it waits for the lock now
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(30):
+                code = await proc.wait()
+        finally:
+            # A process that ignored SIGTERM (the fault) is not left running.
+            if proc.returncode is None:
+                proc.kill()
     assert code == 130, code
 
 
