@@ -189,7 +189,7 @@ async def serve(settings: Settings, handlers: Mapping[str, BatchHandler], *,
             if importer:
                 # One OAuth2 token per account for its discovery and all its
                 # folders (a provider may rotate the refresh token on use).
-                tokens = TokenSources(secret_key=settings.secret_key)
+                tokens = TokenSources(secret_key=settings.secret_key, db=db)
                 scheduler = ImportScheduler(db, import_settings(settings),
                                             secret_key=settings.secret_key,
                                             listener=service.listener, metrics=metrics,

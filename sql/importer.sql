@@ -461,3 +461,15 @@ SELECT acc.id, acc.tenant_slug, acc.name,
                                    'tenant', acc.tenant_slug, 'account', acc.name)::text)
            AS discovery
   FROM acc;
+
+-- name: oauth_refresh_load
+-- The newest refresh token of an OAuth2 client (sealed), by the digest $1 of
+-- the client and its registered refresh token (importer/oauth.py).
+SELECT token_sealed FROM mail_import_oauth_refresh WHERE client_key = $1;
+
+-- name: oauth_refresh_save
+-- $1 the digest, $2 the rotated refresh token, sealed.
+INSERT INTO mail_import_oauth_refresh AS r (client_key, token_sealed)
+VALUES ($1, $2)
+ON CONFLICT (client_key) DO UPDATE
+   SET token_sealed = EXCLUDED.token_sealed, rotated_at = now();

@@ -48,11 +48,13 @@ def cmd_account_add(args: argparse.Namespace, settings: Settings, url: str) -> i
 
 def cmd_account_discover(args: argparse.Namespace, settings: Settings, url: str) -> int:
     from ..importer.accounts import discover
+    from ..importer.refresh_tokens import refresh_store
     from ..importer.signin import SignIn
 
     async def go(db: Any, registry: Any) -> Any:
         account = await registry.get(args.tenant, args.name)
-        sign_in = SignIn(account.mailbox("INBOX"), secret_key=settings.secret_key)
+        sign_in = SignIn(account.mailbox("INBOX"), secret_key=settings.secret_key,
+                         refresh_store=refresh_store(db, settings.secret_key))
         try:
             return await discover(db, account, sign_in,
                                   imap_timeout=settings.importer.imap_timeout)

@@ -205,10 +205,12 @@ def cmd_mailbox_sync_now(args: argparse.Namespace, settings: Settings, url: str)
         return EXIT_OK
 
     async def go(registry: Any) -> Any:
+        from ..importer.refresh_tokens import refresh_store
         from ..importer.signin import SignIn
 
         config = await registry.get(args.tenant, args.name)
-        sign_in = SignIn(config, secret_key=settings.secret_key)
+        sign_in = SignIn(config, secret_key=settings.secret_key,
+                         refresh_store=refresh_store(registry.db, settings.secret_key))
         try:
             # The pool, not the URL: its session() is direct behind a pooler.
             return await run_sync(registry.db, config, sign_in,

@@ -339,8 +339,8 @@ class AccountDiscovery:
         """``token_sources``: OAuth2 token sources shared with the folders'
         runners (ImportScheduler); the service passes one to both."""
         self.db = db
-        self.token_sources = TokenSources(secret_key=secret_key) if token_sources is None \
-            else token_sources
+        self.token_sources = token_sources if token_sources is not None \
+            else TokenSources(secret_key=secret_key, db=db)
         self.settings = settings
         self.secret_key = secret_key
         self.listener = listener

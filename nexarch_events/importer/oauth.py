@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
 import trio
@@ -139,6 +140,27 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class RefreshTokenStore(Protocol):
+    """Keeps the newest refresh token of each chain (a client and the
+    refresh token registered for it) beyond one token source: a provider
+    may revoke a refresh token once it has issued the next one, and the
+    registered one expires (Microsoft: 90 days after it was issued, however
+    often it was used). importer/refresh_tokens.py has the implementations.
+    Neither method raises for a failure of its own (it logs it)."""
+
+    async def load(self, chain: bytes) -> str | None: ...
+
+    async def save(self, chain: bytes, token: str) -> None: ...
+
+
+def refresh_chain(client: OAuthClient, registered: str) -> bytes:
+    """The key a chain's newest refresh token is kept under: a digest of
+    the client and the registered token, so a token registered anew (the
+    user consented again) starts a new chain."""
+    return hashlib.sha256("\0".join(("nexarch-oauth-refresh/1", client.token_url,
+                                     client.client_id, registered)).encode()).digest()
+
+
 @dataclass(frozen=True, slots=True)
 class AccessToken:
     value: str
@@ -163,17 +185,21 @@ class TokenSource:
     def __init__(self, client: OAuthClient, *, secret_key: str | None,
                  timeout: float = 30.0, transport: httpx.AsyncBaseTransport | None = None,
                  clock: Callable[[], float] | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
+                 environ: Mapping[str, str] | None = None,
+                 refresh_store: RefreshTokenStore | None = None) -> None:
+        """``refresh_store``: where a rotated refresh token is kept for
+        the next source of the same chain (the service's is Postgres,
+        sealed); without one it lives as long as this source."""
         self.client = client
         self._secret_key = secret_key
         self._environ = environ
         self._clock = clock or trio.current_time
         self._lock = trio.Lock()
         self._token: AccessToken | None = None
-        #: A refresh token the provider rotated to (Microsoft does): used for
-        #: the next refresh in this process. Not persisted: after a restart the
-        #: configured one is used again, which providers accept until it expires.
+        #: A refresh token the provider rotated to (Microsoft does): presented
+        #: at this source's next refresh, and kept in ``refresh_store``.
         self._rotated_refresh_token: str | None = None
+        self._store = refresh_store
         self._failures = 0
         self._retry_at = float("-inf")
         self._last_error: OAuthRefused | OAuthUnavailable | None = None
@@ -283,7 +309,7 @@ class TokenSource:
         """A sign-in with the current token succeeded: refusals start over."""
         self._rejections = 0
 
-    def _form(self) -> dict[str, str]:
+    def _form(self, refresh_token: str | None) -> dict[str, str]:
         c = self.client
         form = {"client_id": c.client_id, "grant_type": c.grant}
         if c.client_secret_ref:
@@ -293,9 +319,8 @@ class TokenSource:
             form["client_assertion"] = client_assertion(
                 self._secret(c.client_certificate_ref), client_id=c.client_id,
                 audience=c.token_url)
-        if c.refresh_token_ref:
-            form["refresh_token"] = self._rotated_refresh_token or self._secret(
-                c.refresh_token_ref)
+        if refresh_token is not None:
+            form["refresh_token"] = refresh_token
         if c.scope:
             form["scope"] = c.scope
         return form
@@ -303,8 +328,30 @@ class TokenSource:
     def _secret(self, ref: str) -> str:
         return secrets.resolve(ref, key=self._secret_key, environ=self._environ)
 
+    async def _refresh_token(self) -> tuple[str, str] | None:
+        """(the registered refresh token, the one to present): the newest
+        of its chain, this source's own rotation first, then the store's."""
+        ref = self.client.refresh_token_ref
+        if ref is None:
+            return None
+        registered = self._secret(ref)
+        if self._rotated_refresh_token is not None:
+            return registered, self._rotated_refresh_token
+        newest = None
+        if self._store is not None:
+            newest = await self._store.load(refresh_chain(self.client, registered))
+        return registered, newest or registered
+
+    async def _keep(self, registered: str, rotated: str) -> None:
+        self._rotated_refresh_token = rotated
+        if self._store is not None:
+            # Shielded: the provider may have revoked the one presented.
+            with trio.move_on_after(10, shield=True):
+                await self._store.save(refresh_chain(self.client, registered), rotated)
+
     async def _fetch(self) -> AccessToken:
-        form = self._form()
+        refresh = await self._refresh_token()
+        form = self._form(None if refresh is None else refresh[1])
         where = f"token endpoint {httpx.URL(self.client.token_url).host}"
         self.requests += 1
         try:
@@ -328,6 +375,12 @@ class TokenSource:
                                      [v for k, v in form.items() if k in _SECRET_FIELDS])
         if body is None:
             raise OAuthUnavailable(f"{where} answered 200 without a JSON object")
+        # Kept first: the provider may have revoked the one presented, even
+        # if the rest of this answer is of no use.
+        rotated = body.get("refresh_token")
+        if refresh is not None and isinstance(rotated, str) and rotated != refresh[1] \
+                and _B64TOKEN.fullmatch(rotated) and len(rotated) <= MAX_TOKEN_CHARS:
+            await self._keep(refresh[0], rotated)
         token = body.get("access_token")
         if not isinstance(token, str) or not (0 < len(token) <= MAX_TOKEN_CHARS) \
                 or not _B64TOKEN.fullmatch(token):
@@ -336,10 +389,6 @@ class TokenSource:
         if not isinstance(kind, str) or kind.lower() != "bearer":
             raise OAuthUnavailable(f"{where} issued a token of type {_shown(kind)!r}, "
                                    "not Bearer")
-        rotated = body.get("refresh_token")
-        if self.client.refresh_token_ref and isinstance(rotated, str) \
-                and _B64TOKEN.fullmatch(rotated) and len(rotated) <= MAX_TOKEN_CHARS:
-            self._rotated_refresh_token = rotated
         lifetime = _lifetime(body.get("expires_in"))
         log.info("oauth token issued client_id=%s grant=%s lifetime=%.0fs",
                  self.client.client_id, self.client.grant, lifetime)

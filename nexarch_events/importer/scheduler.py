@@ -110,8 +110,8 @@ class ImportScheduler:
         discovery (the service passes one to both); by default the
         scheduler's runners share their own."""
         self.db = db
-        self.token_sources = TokenSources(secret_key=secret_key) if token_sources is None \
-            else token_sources
+        self.token_sources = token_sources if token_sources is not None \
+            else TokenSources(secret_key=secret_key, db=db)
         self.idle_failures = idle_failures
         self.request_min_gap = request_min_gap
         self.settings = settings

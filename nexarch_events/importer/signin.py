@@ -24,11 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..aio import Executor
 from ..aio.imap import ImapEndpoint, ImapSession
 from ..errors import ImapAuthError, OAuthRefused
 from . import secrets
 from .mailboxes import MailboxConfig
-from .oauth import OAuthClient, TokenSource
+from .oauth import OAuthClient, RefreshTokenStore, TokenSource
+from .refresh_tokens import refresh_store
 from .sasl import OAuthLogin
 
 #: A session signed in with a token ends when the token is due for refresh,
@@ -45,18 +47,22 @@ class TokenSources:
     one for the only valid one, and every other sign-in of the account was
     refused (an accounts audit); and an account of n folders asked the
     token endpoint n + 1 times per token lifetime. A source is closed when
-    its last user releases it."""
+    its last user releases it; a refresh token its provider rotated to
+    outlives it in ``refresh_store`` (Postgres, sealed, given a database and
+    the operator's key; else this process's memory)."""
 
-    def __init__(self, *, secret_key: str | None,
+    def __init__(self, *, secret_key: str | None, db: Executor | None = None,
                  environ: Mapping[str, str] | None = None) -> None:
         self._secret_key = secret_key
         self._environ = environ
         self._sources: dict[tuple[OAuthClient, str], tuple[TokenSource, int]] = {}
+        self.refresh_store: RefreshTokenStore = refresh_store(db, secret_key)
 
     def acquire(self, client: OAuthClient, username: str) -> TokenSource:
         source, users = self._sources.get((client, username), (None, 0))
         if source is None:
-            source = TokenSource(client, secret_key=self._secret_key, environ=self._environ)
+            source = TokenSource(client, secret_key=self._secret_key, environ=self._environ,
+                                 refresh_store=self.refresh_store)
         self._sources[(client, username)] = (source, users + 1)
         return source
 
@@ -81,11 +87,13 @@ class SignIn:
     def __init__(self, config: MailboxConfig, *, secret_key: str | None,
                  environ: Mapping[str, str] | None = None, password: str | None = None,
                  tokens: TokenSource | None = None,
-                 shared: TokenSources | None = None) -> None:
+                 shared: TokenSources | None = None,
+                 refresh_store: RefreshTokenStore | None = None) -> None:
         """``password``: sign in with it, whatever the registration says
         (embedding code and tests that hold the password themselves).
         ``tokens``: the token source to use (default: ``shared``'s for
-        ``config.oauth`` and the user, else one of its own)."""
+        ``config.oauth`` and the user, else one of its own, which keeps a
+        rotated refresh token in ``refresh_store``)."""
         self.config = config
         self._secret_key = secret_key
         self._environ = environ
@@ -97,7 +105,8 @@ class SignIn:
                 tokens = shared.acquire(config.oauth, config.username)
                 self._shared = shared
             else:
-                tokens = TokenSource(config.oauth, secret_key=secret_key, environ=environ)
+                tokens = TokenSource(config.oauth, secret_key=secret_key, environ=environ,
+                                     refresh_store=refresh_store)
         self._tokens = tokens
 
     async def open(self, endpoint: ImapEndpoint) -> ImapSession:

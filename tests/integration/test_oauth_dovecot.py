@@ -306,3 +306,106 @@ async def test_a_certificate_client_is_kept_and_the_database_refuses_two_credent
         await db.execute("UPDATE mail_import_mailboxes SET oauth_secret_ref = 'env:S' "
                          "WHERE name = 'cert'")
     assert refused.value.constraint == "mail_import_mailboxes_credentials"
+
+
+async def imported_count(db: Database) -> int:
+    count: int = await db.fetchval("SELECT count(*) FROM mail_archive")
+    return count
+
+
+async def test_a_rotated_refresh_token_outlives_a_restart_of_the_importer(
+        db: Database, endpoint: TokenEndpoint, oauth_dovecot: Dovecot,
+        secret_env: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider that issues a new refresh token with every refresh and
+    revokes the one presented (RFC 6749 section 6; Microsoft's registered
+    token expires 90 days after it was issued): the rotated token lived only
+    in the token source, so after a restart the registered one was presented
+    again and refused, and no folder of the account was imported any more.
+    It is kept in Postgres now, sealed with the operator's key."""
+    registered = "registered-refresh-token"
+    monkeypatch.setenv("NEXARCH_TEST_OAUTH_REFRESH", registered)
+    endpoint.refresh_tokens.add(registered)
+    endpoint.rotate = True
+    key = secrets.new_key()
+    oauth_dovecot.create_mailbox("alice", "Rotated")
+    oauth_dovecot.append("alice", "Rotated", sample(1))
+    await MailboxRegistry(db).add(
+        oauth_config(oauth_dovecot, endpoint, "Rotated",
+                     refresh_ref="env:NEXARCH_TEST_OAUTH_REFRESH"),
+        interval_seconds=3600)
+    settings = ImportSettings(imap_timeout=30, reload_interval=60)
+    for started, expected in ((1, 1), (2, 2)):  # the importer, then the importer restarted
+        if started == 2:
+            oauth_dovecot.append("alice", "Rotated", sample(2))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(ImportScheduler(db, settings, secret_key=key).run)
+            with trio.fail_after(30):
+                while await imported_count(db) < expected:
+                    await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+    presented = [r["refresh_token"] for r in endpoint.requests]
+    assert presented[0] == registered and registered not in presented[1:], presented
+    [newest] = endpoint.refresh_tokens
+    sealed = await db.fetchval("SELECT token_sealed FROM mail_import_oauth_refresh")
+    assert sealed.startswith(secrets.SEALED_PREFIX) and newest not in sealed
+    assert secrets.resolve(sealed, key=key) == newest
+    state = await StateStore(db).get("acme", "alice-oauth")
+    assert state.last_error is None
+
+
+async def test_a_refresh_token_registered_anew_starts_over(
+        db: Database, endpoint: TokenEndpoint, secret_env: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The newest token of a chain is kept under the registered one: a user
+    who consented again (a new registered token) is not signed in with the
+    old chain's token, which the provider may have revoked with the consent."""
+    from nexarch_events.importer.refresh_tokens import StoredRefreshTokens
+
+    key = secrets.new_key()
+    store = StoredRefreshTokens(db, key)
+    endpoint.rotate = True
+    endpoint.refresh_tokens.update({"first-consent", "second-consent"})
+    client = OAuthClient(token_url=endpoint.url, client_id="archive-app",
+                         client_secret_ref=f"env:{SECRET_ENV}",
+                         refresh_token_ref="env:NEXARCH_TEST_OAUTH_REFRESH")
+
+    async def refresh_with(registered: str) -> str:
+        monkeypatch.setenv("NEXARCH_TEST_OAUTH_REFRESH", registered)
+        async with TokenSource(client, secret_key=key, refresh_store=store) as source:
+            await source.token()
+        return endpoint.requests[-1]["refresh_token"]
+
+    assert await refresh_with("first-consent") == "first-consent"
+    rotated_once = await refresh_with("first-consent")
+    assert rotated_once != "first-consent"  # the newest of the chain, from the store
+    assert await refresh_with("second-consent") == "second-consent"
+    assert await db.fetchval("SELECT count(*) FROM mail_import_oauth_refresh") == 2
+    # Sealed with another key: the registered one, and a warning, not a crash.
+    other = StoredRefreshTokens(db, secrets.new_key())
+    monkeypatch.setenv("NEXARCH_TEST_OAUTH_REFRESH", "second-consent")
+    assert await other.load(oauth.refresh_chain(client, "second-consent")) is None
+
+
+async def test_without_the_key_a_rotated_token_is_kept_in_memory_with_a_warning(
+        db: Database, endpoint: TokenEndpoint, secret_env: None,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No key to seal with: never in the database in clear text; the
+    process's token sources share it (an account's runners release their
+    source between runs), and the operator is told what a restart means."""
+    monkeypatch.setenv("NEXARCH_TEST_OAUTH_REFRESH", "registered-Tk7")
+    endpoint.rotate = True
+    endpoint.refresh_tokens.add("registered-Tk7")
+    client = OAuthClient(token_url=endpoint.url, client_id="archive-app",
+                         client_secret_ref=f"env:{SECRET_ENV}",
+                         refresh_token_ref="env:NEXARCH_TEST_OAUTH_REFRESH")
+    sources = signin.TokenSources(secret_key=None, db=db)
+    for _ in range(3):
+        source = sources.acquire(client, "alice")
+        await source.token()
+        await sources.release(source)
+    presented = [r["refresh_token"] for r in endpoint.requests]
+    assert presented[0] == "registered-Tk7" and len(set(presented)) == 3, presented
+    assert await db.fetchval("SELECT count(*) FROM mail_import_oauth_refresh") == 0
+    warned = [r for r in caplog.records if "NEXARCH_SECRET_KEY_FILE" in r.getMessage()]
+    assert len(warned) == 1 and not any(
+        t in r.getMessage() for r in caplog.records for t in presented)
