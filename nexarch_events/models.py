@@ -103,12 +103,12 @@ def encode_payload(payload: object) -> str:
 @functools.cache
 def _controls(keep: str) -> re.Pattern[str]:
     kept = "".join(f"\\x{ord(c):02x}" for c in keep)
-    return re.compile(f"(?![{kept}])[\x00-\x1f\x7f\ud800-\udfff]" if keep
-                      else "[\x00-\x1f\x7f\ud800-\udfff]")
+    return re.compile(f"(?![{kept}])[\x00-\x1f\x7f-\x9f\ud800-\udfff]" if keep
+                      else "[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def escape_controls(text: str, *, keep: str = "") -> str:
-    """``text`` with every control character (C0 and DEL) but those in
+    """``text`` with every control character (C0, DEL and C1) but those in
     ``keep``, and every lone surrogate, written as an escape (``\\x0a``,
     ``\\udcff``): the one rule for text from outside that is stored,
     logged or shown (a bare LF would start a forged log line; a lone

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigurationError, InvalidJobError
+from ..models import escape_controls
 from ..settings import Settings
 from .common import (
     EXIT_FAILED,
@@ -106,6 +107,15 @@ def cmd_search(args: argparse.Namespace, settings: Settings, url: str) -> int:
     return EXIT_OK
 
 
+def for_terminal(text: str) -> str:
+    """Mail text for a terminal: raw newlines and tabs would break the
+    block, and control characters are the terminal's commands (a subject
+    that set the window title and cleared the screen: a search audit), so
+    whitespace runs become one space and every other control character
+    an escape (``\x1b``)."""
+    return escape_controls(" ".join(text.split()))
+
+
 def format_hits(result: Any, offset: int, width: int) -> list[str]:
     """A search result for a terminal ``width`` columns wide: one block per
     hit, one field per line, long text wrapped at spaces and never cut (an
@@ -119,7 +129,7 @@ def format_hits(result: Any, offset: int, width: int) -> list[str]:
     indent = " " * 6
 
     def wrap(label: str, text: str) -> list[str]:
-        flat = " ".join(text.split())  # raw newlines and tabs would break the block
+        flat = for_terminal(text)
         return textwrap.wrap(flat, width, initial_indent=indent + f"{label:<8}",
                              subsequent_indent=indent + " " * 8, break_long_words=False,
                              break_on_hyphens=False) or [indent + label]
@@ -127,7 +137,7 @@ def format_hits(result: Any, offset: int, width: int) -> list[str]:
     for number, hit in enumerate(result.hits, start=offset + 1):
         when = hit.sent_at.strftime("%Y-%m-%d %H:%M") if hit.sent_at else "(no date)"
         lines.append("")
-        subject = " ".join((hit.subject or "(no subject)").split())
+        subject = for_terminal(hit.subject or "(no subject)")
         lines.extend(textwrap.wrap(subject, width, initial_indent=f"{number:>4}. ",
                                    subsequent_indent=indent, break_long_words=False))
         lines.extend(wrap("from", hit.sender))

@@ -270,6 +270,15 @@ class WriteFence:
             raise ValueError(f"job id {self.job_id} outside 1..2^63-1")
 
 
+def is_blank_query(text: str) -> bool:
+    """The empty query (every message that passes the filters): nothing, or
+    only spaces, tabs and line breaks. Not ``str.isspace``, which also
+    takes the control characters U+001C..U+001F and U+0085 for space: a
+    query of those listed every message (a search audit); it has no word
+    to search for, and is refused as such."""
+    return all(char in "\t\n\r\f\v" or unicodedata.category(char) == "Zs" for char in text)
+
+
 @dataclass(frozen=True, slots=True)
 class SearchQuery:
     tenant_slug: str
@@ -304,7 +313,7 @@ class SearchQuery:
                                f"{MAX_QUERY_LENGTH}")
         if "\x00" in self.text:
             raise InvalidQuery("query contains a NUL character")
-        if self.text.strip():
+        if not is_blank_query(self.text):
             parse_user_query(self.text)  # same rule in every backend
         if not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidQuery(f"limit must be 1..{MAX_LIMIT}, got {self.limit}")
@@ -314,6 +323,12 @@ class SearchQuery:
             value = getattr(self, name)
             if value is not None and value.tzinfo is None:
                 raise InvalidQuery(f"{name} must carry a time zone")
+            if value is not None:
+                try:
+                    value.astimezone(UTC)
+                except OverflowError:
+                    raise InvalidQuery(f"{name} {value.isoformat()} is out of range: in UTC "
+                                       "it falls outside the years 1 to 9999") from None
         if self.date_from and self.date_to and self.date_from >= self.date_to:
             raise InvalidQuery("date_from must be before date_to")
         if self.received_from and self.received_to and self.received_from >= self.received_to:
@@ -323,8 +338,11 @@ class SearchQuery:
                                f"got {self.sort!r}")
         if isinstance(self.sender, str):
             # Addresses are stored NFC (mail/mime/message.py): an address
-            # typed or pasted decomposed (u + U+0308) must still match.
-            object.__setattr__(self, "sender", unicodedata.normalize("NFC", self.sender))
+            # typed or pasted decomposed (u + U+0308) must still match. An
+            # empty one is no filter, in every backend (the API's rule; the
+            # Postgres backend dropped it, Manticore matched nothing).
+            sender = unicodedata.normalize("NFC", self.sender).strip()
+            object.__setattr__(self, "sender", sender or None)
 
 
 #: The orders a search can list its hits in (``SearchQuery.sort``).

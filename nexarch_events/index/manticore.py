@@ -122,6 +122,7 @@ from .base import (
     SearchResult,
     WriteFence,
     epoch_seconds,
+    is_blank_query,
     parse_query,
     parse_user_query,
     render_snippet,
@@ -828,7 +829,7 @@ class ManticoreBackend:
         """
         table = self.table_name(query.tenant_slug)
         ignored: tuple[str, ...] = ()
-        if query.text.strip():
+        if not is_blank_query(query.text):
             translated = translate_query(query.text)
             ignored = parse_query(query.text).ignored
             if not translated.strip():

@@ -18,7 +18,8 @@ Search (``nexarch_mail_search``, migration 0023): one statement, so one
 snapshot; matches come from the GIN index alone, at most ``count_limit`` are
 counted (beyond: ``exact_total`` false) and the first ``rank_limit`` are
 ranked by a small vector (subject, people, the body's first 400
-characters). Sorted by sent or received date, a text query orders every
+characters), the rest following them unranked (every page is cut from
+that one order). Sorted by sent or received date, a text query orders every
 match by that date first (one row read per match), so the newest come first
 even past ``count_limit``. Snippets mark the query's lexemes in Python (``mark_snippet``).
 
@@ -70,6 +71,8 @@ from .base import (
     SearchQuery,
     SearchResult,
     WriteFence,
+    is_blank_query,
+    is_word_char,
     parse_query,
     render_snippet,
 )
@@ -189,12 +192,48 @@ def tsquery_text(parsed: ParsedQuery) -> str:
     return " & ".join(parts)
 
 
+#: ASCII bytes that are not word characters become a space; bytes above
+#: 0x7f (parts of UTF-8 sequences) stay.
+_ASCII_WORDS = bytes(c if c > 0x7f or chr(c).isalnum() or chr(c).isspace() else 0x20
+                     for c in range(256))
+#: Characters above ASCII met so far: separators (to a space) and word
+#: characters (kept).
+_SEPARATORS: set[str] = set()
+_KEPT: set[str] = set()
+
+
+def words_only(text: str) -> str:
+    """``text`` with every character that is not a word character replaced
+    by a space. Postgres' parser keeps e-mail addresses, host names, URLs,
+    file names, versions, dates and decimals whole (``anna@example.org`` is
+    one lexeme), but the search language reads a query as words (letters,
+    marks, digits; ``base.split_words``): "anna@example.org" is the phrase
+    anna example org, and "example" alone is one of its words. A document
+    split the same way is found by both (a search audit: none of them was).
+    ASCII is mapped as bytes (in C); the few distinct other characters of a
+    text are classified once each."""
+    out = text.encode("utf-8", "surrogatepass").translate(_ASCII_WORDS).decode(
+        "utf-8", "surrogatepass")
+    if out.isascii():
+        return out
+    others = set(out) - _KEPT
+    for char in others - _SEPARATORS:
+        if char.isascii() or is_word_char(char) or char.isspace():
+            _KEPT.add(char)
+        else:
+            _SEPARATORS.add(char)
+    for char in others & _SEPARATORS:
+        out = out.replace(char, " ")
+    return out
+
+
 def _vector_text(stored: str, stem_chars: int | None = None) -> str | None:
-    """What the vector is built from (the first ``stem_chars``, continuous
-    scripts split), or None when that is the stored text itself."""
+    """What the vector is built from (the first ``stem_chars``, split into
+    words as queries are, continuous scripts into bigrams), or None when
+    that is the stored text itself."""
     text = stored if stem_chars is None or len(stored) <= stem_chars else stored[:stem_chars]
-    split = split_continuous(text)
-    return None if split is stored else split
+    split = split_continuous(words_only(text))
+    return None if split == stored else split
 
 
 _LEXEME = re.compile(r"'((?:[^']|'')*)'")
@@ -373,21 +412,25 @@ class PostgresIndex:
     async def search(self, query: SearchQuery) -> SearchResult:
         parsed = parse_query(query.text)
         text = tsquery_text(parsed)
-        if query.text.strip() and not text:
+        if not is_blank_query(query.text) and not text:
             # SearchQuery refuses such a query; never widen it to "everything".
             return SearchResult(total=0, ignored=parsed.ignored)
         sender = query.sender.strip().lower() if query.sender else None
         # Count (and, for text, rank) at most this many matches; one more
         # tells "more than that" apart. Paging further raises the bound.
         cap = max(self.count_limit, query.offset + query.limit) + 1
+        # Relevance ranks the first rank_limit matches, the same set for
+        # every page (the rest follow unranked: migration 0044); a date
+        # sort orders every match, and ranks as far as the page reaches.
+        rank = self.rank_limit if query.sort == "relevance" \
+            else max(self.rank_limit, query.offset + query.limit)
         try:
             # One statement: total and page from one snapshot (see search.sql).
             if text:
                 rows = await self.db.fetch(
                     _SQL["search_text"], self.configs, query.tenant_slug, text, sender,
                     query.date_from, query.date_to, query.mailbox, query.limit, query.offset,
-                    cap, max(self.rank_limit, query.offset + query.limit),
-                    query.received_from, query.received_to, query.sort)
+                    cap, rank, query.received_from, query.received_to, query.sort)
             else:
                 # The empty query has no relevance: newest sent first, or
                 # newest received first.

@@ -66,6 +66,13 @@ def archive_id_of(job: ClaimedJob) -> int:
         raise NotAnArchiveId(
             f"message id {key[:80]!r} is not an archive id "
             "(index and delete jobs name the archived message by its id)")
+    if key.startswith("0"):
+        # "01" is not archive id 1's key: the queue orders the jobs of one
+        # key (guarantee 3), and a delete enqueued as "01" ran beside, or
+        # before, the index job "1" it must follow (a search audit).
+        raise NotAnArchiveId(
+            f"message id {key[:80]!r} is not an archive id as the archive writes it "
+            f"(no leading zero): jobs of one message must share its key")
     value = int(key[:30])
     if not 1 <= value <= MAX_ARCHIVE_ID or len(key) > 30:
         raise NotAnArchiveId(f"archive id {key[:30]}{'...' if len(key) > 30 else ''} is out "

@@ -10,7 +10,7 @@ backend (Postgres: test_postgres_index.py).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -265,6 +265,52 @@ async def test_paging(backend: IndexBackend) -> None:
     assert past_the_end.total == 25 and past_the_end.hits == ()
 
 
+async def test_relevance_pages_list_every_match_once_past_the_ranked_ones(
+        backend: IndexBackend) -> None:
+    """Postgres ranks the first rank_limit matches; the ranked set grew with
+    the page, so pages past it were cut from another order: of 400 matches
+    in pages of 20, 20 were listed twice and 100 never (a search audit)."""
+    ranked = getattr(backend, "rank_limit", 300)
+    count = ranked + 60
+    docs = [doc(n, subject="common" if n > ranked else "other", body="common words",
+                sent_at=T0 + timedelta(minutes=n)) for n in range(1, count + 1)]
+    for start in range(0, count, 100):
+        await backend.upsert(docs[start:start + 100])
+    listed: list[int] = []
+    for offset in range(0, count, 40):
+        result = await backend.search(SearchQuery("tenant-a", "common", limit=40,
+                                                  offset=offset))
+        listed += [hit.archive_id for hit in result.hits]
+    assert len(listed) == count and sorted(listed) == list(range(1, count + 1))
+
+
+async def test_addresses_urls_dates_and_numbers_are_found_by_their_words(
+        backend: IndexBackend) -> None:
+    """Postgres' parser kept these whole (one lexeme "anna@example.org"),
+    queries are read as words: the Postgres backend found none of them, nor
+    a message by one of their words (a search audit; Manticore did)."""
+    tokens = ["anna@example.org", "https://example.com/path", "report.pdf", "1.2.3", "1.5",
+              "2024-01-05", "v1.2", "192.168.1.1", "ABC-123", "+49", "/usr/local/bin",
+              "snake_case"]
+    await backend.upsert([doc(n, body=f"zz {token} zz", sender="Q <q@q.test>",
+                              recipients="r@q.test") for n, token in enumerate(tokens, 1)]
+                         + [doc(99, body="zz nothing else zz", sender="Q <q@q.test>",
+                                recipients="r@q.test")])
+    for n, token in enumerate(tokens, 1):
+        assert await ids(backend, token) == [n], token
+    assert sorted(await ids(backend, "example")) == [1, 2]
+    assert await ids(backend, "report") == [3]
+    assert await ids(backend, "local") == [11]
+    assert await ids(backend, "case") == [12]
+
+
+async def test_an_empty_sender_is_no_filter_in_every_backend(backend: IndexBackend) -> None:
+    await backend.upsert([doc(1, body="first"), doc(2, body="second", sender="B <b@b.test>")])
+    for sender in ("", "  "):
+        assert sorted(await ids(backend, "", sender=sender)) == [1, 2]
+    assert await ids(backend, "", sender="b@b.test") == [2]
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"limit": 0}, "limit"), ({"limit": 5000}, "limit"), ({"offset": -1}, "offset"),
     ({"text": "x" * 2000}, "limit is 1000"), ({"text": "a\x00b"}, "NUL"),
@@ -275,6 +321,15 @@ async def test_paging(backend: IndexBackend) -> None:
     ({"sort": "newest"}, "sort must be one of relevance, sent, received"),
     ({"text": "!! )( ^$"}, "no words to search for"),
     ({"text": "-spam -\"bulk mail\""}, "only excludes words"),
+    # Control characters str.isspace() takes for space: they listed every
+    # message as "the empty query" (a search audit).
+    ({"text": "\x1c\x1d\x1e\x1f"}, "no words to search for"),
+    ({"text": "\x85"}, "no words to search for"),
+    ({"text": "\u2028"}, "no words to search for"),
+    # In range where given, out of it in UTC: a database error before.
+    ({"date_from": datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))}, "out of range"),
+    ({"received_to": datetime(9999, 12, 31, 23, 59, tzinfo=timezone(timedelta(hours=-5)))},
+     "out of range"),
 ])
 def test_bad_queries_are_refused_clearly(kwargs: dict[str, object], message: str) -> None:
     fields: dict[str, object] = {"tenant_slug": "tenant-a", "text": "x"}

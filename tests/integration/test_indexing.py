@@ -177,6 +177,24 @@ async def test_jobs_that_do_not_name_an_archive_fail_clearly(pipeline: Pipeline)
     assert first.last_error is not None and "is not an archive id" in first.last_error
 
 
+async def test_a_delete_keyed_with_a_leading_zero_fails_instead_of_overtaking(
+        pipeline: Pipeline) -> None:
+    """The queue orders the jobs of one key; "01" is another key than "1",
+    so a delete enqueued as "01" was claimed beside the index job "1" and,
+    run first, left the message searchable (a search audit). It fails for
+    good now, saying why; the message's own key still works."""
+    [stored] = [await pipeline.archive.store("acme", raw)
+                for raw in realistic_messages(1, seed=11)]
+    assert stored.job_id is not None
+    await pipeline.wait_jobs({stored.job_id})
+    [padded] = await pipeline.queue.enqueue_many(
+        [NewJob(JobType.DELETE, "acme", f"0{stored.archive_id}", {})])
+    assert await pipeline.wait_jobs({padded}) == {padded: "failed"}
+    status = await pipeline.queue.status(padded)
+    assert status.attempts == 1 and status.last_error is not None \
+        and "no leading zero" in status.last_error, status
+
+
 async def test_an_archive_id_out_of_range_fails_its_job_not_the_batch(
         pipeline: Pipeline) -> None:
     """An id above 2^63-1 failed the batch's database statement: every job

@@ -36,3 +36,15 @@ def test_a_capped_total_and_ignored_terms_are_shown() -> None:
     lines = format_hits(SearchResult(1000, (), ignored=("²", "_"), exact_total=False), 0, 80)
     assert lines[0] == "1,000+ match(es), showing none"
     assert lines[1] == "ignored (nothing searchable in them): '²' '_'"
+
+
+def test_control_characters_from_mail_never_reach_the_terminal() -> None:
+    """A subject, sender or body with terminal commands (set the window
+    title, clear the screen, CSI as the C1 byte) was printed raw (a search
+    audit); each control character is shown as an escape."""
+    hit = SearchHit(7, 1.0, "\x1b]0;owned-title\x07 Rechnung", "Evil \x1b[2J<e@x.test>",
+                    datetime(2025, 3, 4, 10, 30, tzinfo=UTC), "zap \x9b31m <mark>fish</mark>")
+    text = "\n".join(format_hits(SearchResult(1, (hit,)), 0, 80))
+    assert not any(ch in text for ch in "\x1b\x07\x9b")
+    assert "\\x1b]0;owned-title\\x07 Rechnung" in text
+    assert "Evil \\x1b[2J<e@x.test>" in text and "zap \\x9b31m [fish]" in text
