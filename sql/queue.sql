@@ -119,22 +119,31 @@ SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
 -- name: reclaim_stale
 -- $1 stale-after seconds. A lease whose heartbeat is older than that belongs
 -- to a dead worker (a live one heartbeats several times per period).
--- Guarantee 12: a job that ran alone (its claim, locked_by + locked_at, held
--- nothing else) is the suspect: its attempt counts, so a message that kills
--- its worker every time ends 'failed' after max_attempts instead of looping
--- forever. The jobs of a larger batch are not charged (any one of them may
--- have been the culprit, or none: the process may have died of something
--- else); they are marked isolate and run alone from now on (migration 0010).
+-- Guarantee 12: a job that ran alone in its process (no other job of the
+-- process's worker tasks, "<process>/<n>", was running) is the suspect: its
+-- attempt counts, so a message that kills its worker every time ends
+-- 'failed' after max_attempts instead of looping forever. The jobs of a
+-- process that ran more are not charged (any one of them may have been the
+-- culprit, or none: the process may have died of something else); they are
+-- marked isolate and run alone in their process from now on (migrations
+-- 0010, 0045). "Alone" was once per claim: the other tasks' jobs, dying
+-- with the poison, were charged (a queue audit). The count reads every
+-- running job of the process, not only the rows this statement could lock:
+-- two sweepers at once split a batch, and each charged its part as alone.
 WITH stale AS (
-    SELECT id, locked_by, locked_at
+    SELECT id, locked_by
       FROM mail_index_jobs
      WHERE status = 'processing'
        AND heartbeat_at < now() - $1::float8 * interval '1 second'
        FOR UPDATE SKIP LOCKED
 ),
 claims AS (
-    SELECT id, count(*) OVER (PARTITION BY locked_by, locked_at) AS batch
-      FROM stale
+    SELECT s.id, (SELECT count(*)
+                    FROM mail_index_jobs o
+                   WHERE o.status = 'processing'
+                     AND regexp_replace(o.locked_by, '/[^/]*$', '')
+                         = regexp_replace(s.locked_by, '/[^/]*$', '')) AS batch
+      FROM stale s
 ),
 moved AS (
     UPDATE mail_index_jobs j
@@ -149,7 +158,7 @@ moved AS (
                    'while running this job alone (attempt %s of %s)',
                    j.locked_by, $1::float8, j.attempts, j.max_attempts)
                ELSE format(
-                   'worker %s died (no heartbeat for %s s) while running a batch of %s jobs; '
+                   'worker %s died (no heartbeat for %s s) while its process ran %s jobs; '
                    'attempt not counted: the job runs alone next to find the culprit',
                    j.locked_by, $1::float8, c.batch)
            END,

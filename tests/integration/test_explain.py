@@ -19,13 +19,15 @@ def plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
 
 
 async def explain_claim(db: Database, limit: int, *, step: int = -1) -> list[dict[str, object]]:
-    """The plan of one RETURN QUERY of the claim: the last (the batch claim)
-    unless ``step`` says otherwise (0: the claim of an isolated job)."""
+    """The plan of one candidate pick of the claim (migration 0045: the
+    rows are picked, their keys locked, then claimed by id): the last (the
+    batch) unless ``step`` says otherwise (0: the pick of an isolated job)."""
     row = await db.fetchrow(
         "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
     assert row is not None
     body = row["prosrc"]
-    query = body.split("RETURN QUERY")[1:][step].split(";")[0].strip()
+    pick = "SELECT array_agg(c.id) INTO picked"
+    query = "SELECT array_agg(c.id)" + body.split(pick)[1:][step].split(";")[0]
     query = re.sub(r"\bbatch\b", "$1", query)
     query = re.sub(r"\bworker\b", "'explain'", query)
     async with db.acquire() as conn, conn.transaction():
@@ -47,8 +49,8 @@ def check_plan(nodes: list[dict[str, object]], limit: int) -> None:
     ready_scan = next(n for n in nodes if n.get("Index Name") == "mail_index_jobs_ready")
     # It read about as many ready rows as it claimed, not the backlog.
     assert int(ready_scan["Actual Rows"]) <= 2 * limit  # type: ignore[call-overload]
-    claimed = [n for n in nodes if n["Node Type"] == "ModifyTable"]
-    assert claimed and claimed[0]["Actual Rows"] == limit
+    picked = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert picked and picked[0]["Actual Rows"] == limit
 
 
 async def test_claim_uses_the_ready_index_over_a_long_history(db: Database) -> None:
@@ -84,8 +86,8 @@ async def test_the_probe_for_an_isolated_job_uses_its_own_index(db: Database) ->
     assert "Seq Scan" not in types and "Sort" not in types, types
     scan = next(n for n in nodes if n.get("Index Name") == "mail_index_jobs_isolated")
     assert int(scan["Actual Rows"]) <= 2  # type: ignore[call-overload]
-    claimed = [n for n in nodes if n["Node Type"] == "ModifyTable"]
-    assert claimed and claimed[0]["Actual Rows"] == 1
+    picked = [n for n in nodes if n["Node Type"] == "LockRows"]
+    assert picked and picked[0]["Actual Rows"] == 1
 
 
 async def test_api_reads_of_finished_jobs_use_the_finished_index(db: Database) -> None:
@@ -110,3 +112,29 @@ async def test_api_reads_of_finished_jobs_use_the_finished_index(db: Database) -
         assert "Seq Scan" not in types, (name, types)
         assert any(n.get("Index Name") == "mail_index_jobs_finished" for n in nodes), \
             (name, types)
+
+
+async def test_the_claim_by_id_after_the_key_locks_reads_only_its_rows(db: Database) -> None:
+    """Migration 0045 claims the picked rows in a second statement: by
+    primary key, with the per-key test probing the key index."""
+    await db.execute("""
+        INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)
+        SELECT 'index', 'acme', 'm' || n FROM generate_series(1, 20000) AS n""")
+    row = await db.fetchrow(
+        "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
+    assert row is not None
+    query = row["prosrc"].split("RETURN QUERY")[1].split(";")[0]
+    query = query.replace("ANY (picked)", "ANY ($1::bigint[])")
+    query = re.sub(r"\bworker\b", "'explain'", query)
+    async with db.acquire() as conn, conn.transaction():
+        for setting in row["proconfig"] or []:
+            name, value = setting.split("=", 1)
+            await conn.execute(f"SET LOCAL {name} = {value}")
+        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}",
+                                  list(range(1, 101)))
+    nodes = plan_nodes(json.loads(raw)[0]["Plan"])
+    types = [n["Node Type"] for n in nodes]
+    assert "Seq Scan" not in types and "Bitmap Heap Scan" not in types, types
+    scans = {n.get("Index Name") for n in nodes if "Index Name" in n}
+    assert {"mail_index_jobs_pkey", "mail_index_jobs_key"} <= scans, scans
+    assert nodes[0]["Node Type"] == "ModifyTable" and nodes[0]["Actual Rows"] == 100

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from nexarch_events.aio import Database
+from nexarch_events.aio import Connection, Database
 from nexarch_events.models import JobStatus, JobType, NewJob
 from nexarch_events.queue.jobs import Queue
 from nexarch_events.settings import QueueSettings
@@ -65,6 +65,60 @@ async def test_a_job_that_kills_its_worker_fails_alone(
     assert deaths == 1 + MAX_ATTEMPTS
     starts = [e for e in read_effects(tmp_path / "effects.tsv") if e.job_id == poison]
     assert len(starts) == 1 + MAX_ATTEMPTS
+
+
+@pytest.mark.slow
+async def test_a_poison_job_fails_alone_with_four_worker_tasks_per_process(
+        db: Database, database_url: str, tmp_path: Path) -> None:
+    """"Alone" was per worker task: with the default 4 tasks per process,
+    the other tasks ran their isolated jobs beside the poison, died with it,
+    and were charged as suspects until 3 of 19 innocent jobs had failed (a
+    queue audit). Now an isolated job runs only in a process that runs
+    nothing else, and a job is charged only if its process ran nothing else."""
+    jobs = [NewJob(JobType.INDEX, "acme", f"task-{n}",
+                   {"kill": True} if n == 0 else {"sleep": 0.2}, max_attempts=MAX_ATTEMPTS)
+            for n in range(20)]
+    ids = [int(i) for i in await Queue(db).enqueue_many(jobs)]
+    poison = ids[0]
+    async with WorkerProcesses(database_url, tmp_path / "effects.tsv", tmp_path,
+                               SETTINGS) as procs:
+        current: WorkerProcess | None = None
+        with trio.fail_after(150):
+            while True:
+                rows = await job_rows(db, ids)
+                if all(r["status"] in ("succeeded", "failed") for r in rows.values()):
+                    break
+                if current is None or current.returncode is not None:
+                    current = await procs.start(f"q{len(procs.started)}", workers=4,
+                                                batch_size=5)
+                await trio.sleep(0.2)
+    rows = await job_rows(db, ids)
+    assert {i: r["status"] for i, r in rows.items() if r["status"] != "succeeded"} == \
+        {poison: "failed"}
+    assert {r["attempts"] for i, r in rows.items() if i != poison} == {1}
+    assert rows[poison]["attempts"] == MAX_ATTEMPTS
+
+
+async def test_two_sweepers_at_once_never_charge_part_of_a_batch(db: Database) -> None:
+    """Each sweeper counted only the rows it could lock: two at once split a
+    dead batch, and a sweeper that got one row charged it as alone (a queue
+    audit: 1-2 of 200 trials; on a last attempt, failed)."""
+    settings = QueueSettings(stale_after=0.3, heartbeat_interval=0.1)
+    queue = Queue(db, settings)
+    ids = [int(i) for i in await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"s{n}", {}, max_attempts=1) for n in range(2)])]
+    assert len(await queue.claim(10, "dead/0")) == 2
+    await trio.sleep(0.5)
+    holder = await Connection.open(db.dsn)
+    try:
+        # Another sweeper holds one of the two rows (its statement in flight).
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM mail_index_jobs WHERE id = $1 FOR UPDATE", ids[0])
+        reclaimed = await queue.reclaim_stale_jobs()
+        await holder.execute("ROLLBACK")
+    finally:
+        await holder.aclose()
+    assert [(r.id, r.status, r.alone) for r in reclaimed] == [(ids[1], JobStatus.PENDING, False)]
 
 
 async def test_a_dead_batch_is_not_charged_and_its_jobs_then_run_alone(db: Database) -> None:

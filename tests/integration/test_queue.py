@@ -420,6 +420,39 @@ async def test_a_job_committed_late_waits_for_the_running_job_of_its_message(
     assert [j.id for j in await queue.claim(10, "w2")] == [late_index]
 
 
+async def test_two_claims_in_flight_never_start_two_jobs_of_one_message(
+        db: Database) -> None:
+    """Claim A takes the delete while the index of the same message (a lower
+    id) is not committed yet; the index commits; claim B, whose snapshot
+    sees it but not A's claim, took it as the oldest open job of its key:
+    both ran at once (a queue audit: 11 of 300 messages with 2 processes x
+    4 workers). Now B finds the key held by A and leaves the job."""
+    queue = Queue(db)
+    producer = await Connection.open(db.dsn)
+    claimer = await Connection.open(db.dsn)
+    try:
+        await producer.execute("BEGIN")
+        index_id = await producer.fetchval(
+            "INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id) "
+            "VALUES ('index', 'acme', 'm1') RETURNING id")
+        delete_id = await queue.enqueue_delete("acme", "m1")
+        assert index_id < delete_id
+        await claimer.execute("BEGIN")
+        claimed_a = await Queue(claimer).claim(10, "a")
+        assert [j.id for j in claimed_a] == [delete_id]
+        await producer.execute("COMMIT")  # the index is visible now; A's claim is not
+        claimed_b = await queue.claim(10, "b")
+        await claimer.execute("COMMIT")
+    finally:
+        await producer.aclose()
+        await claimer.aclose()
+    assert claimed_b == []
+    running = await db.fetch("SELECT id FROM mail_index_jobs WHERE status = 'processing'")
+    assert [r["id"] for r in running] == [delete_id]
+    await queue.complete(claimed_a)
+    assert [j.id for j in await queue.claim(10, "b")] == [index_id]
+
+
 async def test_failed_job_unblocks_the_next_of_its_message(queue: Queue) -> None:
     index_id = await _fail_permanently(queue, "acme", "m1")
     delete_id = await queue.enqueue_delete("acme", "m1")
