@@ -473,3 +473,15 @@ INSERT INTO mail_import_oauth_refresh AS r (client_key, token_sealed)
 VALUES ($1, $2)
 ON CONFLICT (client_key) DO UPDATE
    SET token_sealed = EXCLUDED.token_sealed, rotated_at = now();
+
+-- name: allocated_ids
+-- The highest archive id and job id this database has drawn (0: none yet),
+-- across tenants: an event stream's Last-Event-ID above either is from
+-- another deployment or from before a restore (api/events.py). The
+-- sequences, not max(id): erasure and retention delete the newest rows, and
+-- a valid cursor may name one. Across tenants tells nothing new: a tenant's
+-- own ids, drawn from the same sequences, already show how far they went.
+SELECT coalesce(pg_sequence_last_value(
+           pg_get_serial_sequence('mail_archive', 'id')::regclass), 0) AS archive_id,
+       coalesce(pg_sequence_last_value(
+           pg_get_serial_sequence('mail_index_jobs', 'id')::regclass), 0) AS job_id;

@@ -18,7 +18,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date, datetime
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 import trio
 
@@ -37,7 +37,9 @@ Write = Callable[[bytes], Awaitable[None]]
 
 #: The largest id Postgres' bigint holds.
 MAX_ID = 2**63 - 1
-_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,12}")
+#: Up to 19 digits: ids up to MAX_ID (``/audit?before=``); each parameter's
+#: range check bounds the value.
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]{1,19}")
 _ID = re.compile(r"[0-9]{1,19}")
 #: The largest request body read; a larger one is refused (413) unread.
 MAX_BODY = 64 * 1024
@@ -45,6 +47,8 @@ MAX_BODY = 64 * 1024
 #: read timeout of its own: a body that never completed held its request
 #: open for good).
 BODY_TIMEOUT = 30.0
+#: Seconds a client is asked to wait (Retry-After) when a backend is down.
+UNAVAILABLE_RETRY_AFTER_S = 5
 _CONTENT_LENGTH = re.compile(r"[0-9]{1,19}")
 
 class ApiError(Exception):
@@ -390,11 +394,32 @@ def _parse_request(scope: Scope) -> Request:
         name, value = item[0].decode("latin-1").lower(), item[1].decode("latin-1")
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
     try:
-        params = parse_qs(query.decode("utf-8"), keep_blank_values=True,
-                          strict_parsing=False, max_num_fields=50)
+        # surrogateescape, not parse_qsl's default "replace": a percent-encoded
+        # byte that is not UTF-8 (%ff) was read as U+FFFD and searched for.
+        # The escapes survive into the pairs, so the error can name the field.
+        pairs = parse_qsl(query.decode("utf-8"), keep_blank_values=True,
+                          strict_parsing=False, max_num_fields=50, errors="surrogateescape")
     except (UnicodeDecodeError, ValueError) as exc:
         raise ApiError(400, f"the query string cannot be parsed: {exc}") from None
+    params: dict[str, list[str]] = {}
+    for name, value in pairs:
+        if not _is_utf8(name):
+            raise ApiError(400, "a query parameter name is not valid UTF-8 once "
+                                "percent-decoded")
+        if not _is_utf8(value):
+            raise ApiError(400, f"query parameter {name[:40]!r} is not valid UTF-8 once "
+                                "percent-decoded")
+        params.setdefault(name, []).append(value)
     return Request(method.upper(), path, headers, params)
+
+
+def _is_utf8(text: str) -> bool:
+    """False if ``text`` holds a byte surrogateescape kept (not UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _with_cache_default(headers: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
@@ -467,8 +492,9 @@ class AsgiApp:
             what = "the search index is unavailable or busy" if isinstance(exc, IndexUnavailable) \
                 else "the database cannot be reached" if isinstance(exc, DatabaseUnavailable) \
                 else "the database is busy"
-            return error_response(ApiError(503, f"temporarily unavailable: {what}; "
-                                                "retry later"))
+            return error_response(ApiError(
+                503, f"temporarily unavailable: {what}; retry later",
+                [("retry-after", str(UNAVAILABLE_RETRY_AFTER_S))]))
         except NexarchError as exc:
             log.exception("api: request failed")
             return error_response(ApiError(500, f"the request failed ({type(exc).__name__}); "

@@ -19,6 +19,10 @@ job, outcome and ``finished_at``; a job retried and finished again is new).
 Finish order, not id order: a
 retried job finishes long after higher ids, and must not be skipped.
 
+A Last-Event-ID above every id the database has drawn (another
+deployment's, or one from before a restore) would pin the watermark above
+the real ids: the stream says ``resync`` and goes on from the newest ids.
+
 Not replayed (the tables keep no order for them): import failures, importer
 resyncs and sightings of already-archived messages (``duplicate: true``).
 Commit order and id order can differ by the length of a transaction, so a
@@ -54,7 +58,7 @@ from datetime import datetime
 import trio
 
 from ..aio import Database
-from ..errors import NexarchError
+from ..errors import DatabaseTransient, DatabaseUnavailable, NexarchError
 from ..models import JSONObject, JSONValue
 from ..queue.jobs import FinishedJob, Queue
 from ..queue.notify import (
@@ -68,7 +72,7 @@ from ..queue.notify import (
     Subscription,
 )
 from .asgi import Write, dumps, log
-from .store import ArchivedMessage, archived_after, newest_archive_id
+from .store import ArchivedMessage, allocated_ids, archived_after, newest_archive_id
 
 CHANNELS = (MAIL_IMPORTED_CHANNEL, JOB_EVENTS_CHANNEL)
 #: A replay longer than this is skipped: the client gets ``resync`` (reload
@@ -206,6 +210,8 @@ class EventStream:
         self._synced = 0
         #: Live events that arrived while a replay was due (see the module doc).
         self._held: list[tuple[str, Notification]] = []
+        #: No replay has run yet (the first one checks the cursor it starts from).
+        self._first_replay = True
 
     async def run(self, write: Write) -> None:
         self._write = write
@@ -256,7 +262,13 @@ class EventStream:
 
     async def _replay(self) -> None:
         """What happened after the watermark, from the tables."""
-        lost = None if self.resume is None else await self.queue.cursor_lost(
+        first, self._first_replay = self._first_replay, False
+        # A fresh stream's first watermark was read from the tables just now;
+        # every later one names a job that may have been re-queued or pruned
+        # since (a retry while the listener was down moved that job's finish
+        # past the watermark, and its outcome was never announced: an audit).
+        fresh = first and self.resume is None
+        lost = None if fresh else await self.queue.cursor_lost(
             self._mark.job_id, tenant_slug=self.tenant)
         if lost is not None:
             # Where the job this stream resumes after stood in finish order
@@ -267,6 +279,8 @@ class EventStream:
             await self._emit("resync", {
                 "v": 1, "event": "resync", "replayed": True,
                 "reason": f"{_LOST[lost]}: reload the state (/queue, /mailboxes)"})
+            return
+        if first and self.resume is not None and await self._resynced_if_ahead():
             return
         archived = await archived_after(self.db, self._mark.archive_id, tenant_slug=self.tenant,
                                         limit=MAX_REPLAY + 1)
@@ -293,6 +307,22 @@ class EventStream:
                 await self._replay_archived(item)
             else:
                 await self._replay_jobs(item)
+
+    async def _resynced_if_ahead(self) -> bool:
+        """A Last-Event-ID above every id this database ever drew (another
+        deployment's, or one from before a restore) would pin the watermark
+        above the real ids, and a later resume would replay nothing: say so
+        (one ``resync``), go on from the newest ids and return True. Both
+        halves: a cursor not from this database means nothing here."""
+        ceiling = await allocated_ids(self.db)
+        if self._mark.archive_id <= ceiling.archive_id and self._mark.job_id <= ceiling.job_id:
+            return False
+        self._mark = await self._newest()
+        await self._emit("resync", {
+            "v": 1, "event": "resync", "replayed": True,
+            "reason": "Last-Event-ID is ahead of this database (from another deployment, or "
+                      "from before a restore): reload the state (/queue, /mailboxes)"})
+        return True
 
     async def _replay_archived(self, message: ArchivedMessage) -> None:
         if not self._first_time(("archived", message.archive_id)):
@@ -423,8 +453,17 @@ class EventStream:
                          .encode())
 
     async def _error(self, exc: NexarchError) -> None:
+        # The details (hosts, ports, SQL) go to the log, not to whoever holds
+        # a token (found by an audit), as for the other routes (asgi.py).
         log.warning("api: event stream ends: %s", exc)
-        await self._send(f"event: error\ndata: {dumps({'error': str(exc)})}\n\n".encode())
+        if isinstance(exc, DatabaseTransient):
+            what = "the database cannot be reached" if isinstance(exc, DatabaseUnavailable) \
+                else "the database is busy"
+            message = f"temporarily unavailable: {what}; reconnect later"
+        else:
+            message = f"the event stream failed ({type(exc).__name__}); the server log has " \
+                      "the details"
+        await self._send(f"event: error\ndata: {dumps({'error': message})}\n\n".encode())
 
     async def _send(self, chunk: bytes) -> None:
         assert self._write is not None

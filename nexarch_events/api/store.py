@@ -1,7 +1,8 @@
 """What the API reads about archived messages beyond the index: where hits
-were seen, and the archive side of an event stream's replay. (Queue reads
-are ``Queue`` methods; these are archive reads, kept here until the archive
-module grows them.)"""
+were seen, the archive side of an event stream's replay, and the highest
+ids drawn (a stream's check of its cursor, which covers both sequences in
+one round trip). (Queue reads are ``Queue`` methods; these are archive
+reads, kept here until the archive module grows them.)"""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ class ArchivedMessage:
     folder: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class AllocatedIds:
+    """The highest ids the database has drawn (0: none yet)."""
+
+    archive_id: int
+    job_id: int
+
+
 async def mailboxes_of(db: Executor, tenant_slug: str,
                        archive_ids: Sequence[int]) -> dict[int, list[str]]:
     """The mailboxes each message of this tenant was seen in (ids of other
@@ -53,3 +62,11 @@ async def archived_after(db: Executor, archive_id: int, *, tenant_slug: str | No
 async def newest_archive_id(db: Executor, *, tenant_slug: str | None) -> int:
     """The highest archive id (of one tenant, or all); 0 if there is none."""
     return int(await db.fetchval(_SQL["archive_max_id"], tenant_slug))
+
+
+async def allocated_ids(db: Executor) -> AllocatedIds:
+    """The highest archive and job ids drawn so far, of all tenants (an id
+    above them was never this database's; importer.sql, "allocated_ids")."""
+    row = await db.fetchrow(_SQL["allocated_ids"])
+    assert row is not None  # one row, always
+    return AllocatedIds(int(row["archive_id"]), int(row["job_id"]))

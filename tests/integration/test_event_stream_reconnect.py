@@ -22,6 +22,7 @@ from tests.integration.test_api import (
     message,
     open_env,
     open_events,
+    retry_until_failed_again,
 )
 from tests.support.tcp_proxy import TcpProxy
 
@@ -112,3 +113,46 @@ async def test_a_live_event_that_beats_the_resync_does_not_skip_the_replay(
                 assert marks == sorted(marks) and marks[-1] == after.archive_id
                 reading.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
+
+
+async def test_a_job_retried_while_the_listener_is_down_is_announced_on_a_fresh_stream(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    """A stream opened without Last-Event-ID never asked whether its
+    watermark job was re-queued, also in the replay after a reconnect: a
+    failed job retried (and failed again) while the listener was down moved
+    past the watermark and was never announced (found by an audit). Now
+    the replay says what became of it, or that it cannot tell (resync)."""
+    proxy = TcpProxy.for_url(database_url)
+    settings = replace(fast_settings, listener_ping_timeout=30.0)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        async with open_env(db, database_url, settings,
+                            listen_url=proxy.url(database_url)) as env, \
+                open_events(env, env.tokens.acme) as events:
+            listener = env.ctx.listener
+            assert (await events.next()).event == "open"
+            failed = await env.failed_job("acme")
+            seen = await events.until(lambda e: e.event == "failed" and failed in e.data["ids"])
+            assert seen[-1].id is not None and seen[-1].id.endswith(f".{failed}")
+
+            first_listen = proxy.gate(b'LISTEN "nexarch_mail_imported"')
+            old_pid = listener.backend_pid
+            assert await db.fetchval("SELECT pg_terminate_backend($1)", old_pid)
+            with trio.fail_after(30):
+                await first_listen.reached.wait()
+            assert not listener.connected
+            # Retried and failed again while nothing listens: never notified.
+            await retry_until_failed_again(env, failed)
+            first_listen.open()
+            with trio.fail_after(30):
+                while not listener.connected:
+                    await trio.sleep(0.02)
+            [after] = await env.import_mail("acme", "inbox", [message("after-retry")])
+            got = await events.until(lambda e: e.event == "indexed"
+                                     and after.job_id in e.data["ids"])
+        nursery.cancel_scope.cancel()
+    told = [e for e in got if (e.event == "failed" and failed in e.data["ids"])
+            or (e.event == "resync" and e.data.get("replayed") is True)]
+    assert told, [(e.event, e.id, e.data) for e in got]
+    assert after.archive_id in imported_ids(got)
+    assert job_ids(got) == [after.job_id]
