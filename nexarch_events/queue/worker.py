@@ -172,6 +172,10 @@ class WorkerPool:
         #: set by shutdown: ends a worker's pause for an outage
         self._stopped = trio.Event()
         self._handler_scopes: set[trio.CancelScope] = set()
+        #: per job in flight: its batch's handler scope, and when its lease
+        #: was last known to hold (claimed, or a heartbeat sent then passed)
+        self._scope_of: dict[JobId, trio.CancelScope] = {}
+        self._confirmed: dict[JobId, float] = {}
         #: shielded waits to record outcomes: ``force`` cuts them short
         self._shielded_scopes: set[trio.CancelScope] = set()
         self._forced = False
@@ -187,6 +191,7 @@ class WorkerPool:
         cancelled (then in-flight jobs are released, shielded and bounded)."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(self._lease_watch)
             async with trio.open_nursery() as workers:
                 for index in range(self.settings.workers):
                     workers.start_soon(self._work, f"{self.name}/{index}")
@@ -308,12 +313,19 @@ class WorkerPool:
             if self._stopping:
                 scope.deadline = trio.current_time() + self.settings.shutdown_grace
             self._handler_scopes.add(scope)
+            claimed_at = trio.current_time()
+            for job in jobs:
+                self._scope_of[job.id] = scope
+                self._confirmed[job.id] = claimed_at
             try:
                 with scope:
                     await self._run_handlers(jobs, outcomes)
                 finished_normally = not scope.cancelled_caught
             finally:
                 self._handler_scopes.discard(scope)
+                for job in jobs:
+                    self._scope_of.pop(job.id, None)
+                    self._confirmed.pop(job.id, None)
         finally:
             done = [(job, outcomes[job.id]) for job in jobs if job.id in outcomes]
             unfinished = [job for job in jobs if job.id not in outcomes]
@@ -445,6 +457,7 @@ class WorkerPool:
             leases = {job_id: job.lease for job_id, job in self._in_flight.items()}
             if not leases:
                 continue
+            sent = trio.current_time()
             try:
                 lost = await self.queue.heartbeat(leases)
             except DatabaseTransient as exc:
@@ -453,7 +466,39 @@ class WorkerPool:
             outage.ok()
             # A job acknowledged while the heartbeat ran is not lost.
             lost = {i for i in lost if i in self._in_flight and i not in self._settling}
+            for job_id in leases.keys() - lost:
+                if job_id in self._confirmed:
+                    self._confirmed[job_id] = sent
             if lost:
                 self.stats.lost_leases += len(lost)
-                log.warning("lost the lease of jobs %s (taken over after a stale heartbeat)",
-                            sorted(lost))
+                log.warning("lost the lease of jobs %s (taken over after a stale heartbeat): "
+                            "their handlers are stopped", sorted(lost))
+                self._stop_handlers(lost)
+
+    async def _lease_watch(self) -> None:
+        """Stop the handlers of jobs whose lease has not been confirmed for
+        nearly ``stale_after`` (the database out of reach, a heartbeat that
+        does not come back): by then another process's sweeper may have
+        handed the job to a worker of its own, and the two would run it at
+        once (a queue audit: a worker cut off from Postgres ran on for 4 s
+        beside the new owner). What they did not finish is re-run there."""
+        interval = self.settings.effective_heartbeat_interval
+        limit = max(self.settings.stale_after - interval, interval)
+        while True:
+            await trio.sleep(interval / 4)
+            now = trio.current_time()
+            expired = {job_id for job_id, at in self._confirmed.items()
+                       if now - at > limit and job_id not in self._settling}
+            if expired:
+                log.warning("the leases of jobs %s were not confirmed for %.0f s (the database "
+                            "is out of reach or slow): their handlers are stopped, and the "
+                            "jobs go to whichever worker the sweeper hands them to",
+                            sorted(expired), limit)
+                self._stop_handlers(expired)
+
+    def _stop_handlers(self, job_ids: set[JobId]) -> None:
+        for job_id in job_ids:
+            scope = self._scope_of.get(job_id)
+            if scope is not None:
+                scope.cancel()
+            self._confirmed.pop(job_id, None)

@@ -333,3 +333,56 @@ async def test_a_second_signal_does_not_wait_for_an_ack_the_database_does_not_an
         outer.cancel_scope.cancel()
     assert stopped < 8.0, stopped  # 22 s before
     assert (await Queue(db).status(job_id)).status is JobStatus.PROCESSING  # its lease runs
+
+
+async def test_a_worker_cut_off_from_postgres_stops_its_handler_before_another_runs_it(
+        db: Database, settings: Settings) -> None:
+    """Cut off from Postgres (not dead), a worker's lease expires and another
+    process's sweeper hands its job to a worker of its own; the cut-off
+    handler ran on beside the new owner (a queue audit: 4 s of both). It is
+    stopped once its lease has gone unconfirmed for nearly stale_after."""
+    from tests.support.tcp_proxy import TcpProxy
+
+    settings = settings.with_queue(workers=1, stale_after=4.0, heartbeat_interval=0.5)
+    events: list[str] = []
+    first_started, second_started = trio.Event(), trio.Event()
+
+    async def cut_off(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        events.append("cut-off started")
+        first_started.set()
+        try:
+            await trio.sleep(60)
+        except trio.Cancelled:
+            events.append("cut-off stopped")
+            raise
+        events.append("cut-off finished")
+        return {}
+
+    async def healthy(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        events.append("healthy started")
+        second_started.set()
+        return {}
+
+    proxy = TcpProxy.for_url(db.dsn)
+    async with trio.open_nursery() as outer:
+        await outer.start(proxy.run)
+        async with Database.open(proxy.url(db.dsn), max_size=4) as proxied:
+            cut = QueueService(proxied, settings, {"index": cut_off, "delete": cut_off},
+                               name="cut")
+            async with trio.open_nursery() as nursery:
+                await nursery.start(cut.run)
+                job_id = await Queue(db).enqueue_index("acme", "m", {})
+                with trio.fail_after(10):
+                    await first_started.wait()
+                proxy.blackhole()
+                other = QueueService(db, settings, {"index": healthy, "delete": healthy},
+                                     name="healthy")
+                await nursery.start(other.run)
+                with trio.fail_after(30):
+                    await second_started.wait()
+                cut.cancel()
+                other.cancel()
+        outer.cancel_scope.cancel()
+    assert events[:3] == ["cut-off started", "cut-off stopped", "healthy started"], events
+    status = await Queue(db).status(job_id)
+    assert status.attempts == 2
