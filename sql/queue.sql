@@ -128,8 +128,10 @@ SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
 -- marked isolate and run alone in their process from now on (migrations
 -- 0010, 0045). "Alone" was once per claim: the other tasks' jobs, dying
 -- with the poison, were charged (a queue audit). The count reads every
--- running job of the process, not only the rows this statement could lock:
--- two sweepers at once split a batch, and each charged its part as alone.
+-- stale job of the process, not only the rows this statement could lock:
+-- two sweepers at once split a batch, and each charged its part as alone;
+-- and not its live ones: a process restarted under the same name (a
+-- container's "hostname:1") would shield the dead one's poison.
 WITH stale AS (
     SELECT id, locked_by
       FROM mail_index_jobs
@@ -141,6 +143,7 @@ claims AS (
     SELECT s.id, (SELECT count(*)
                     FROM mail_index_jobs o
                    WHERE o.status = 'processing'
+                     AND o.heartbeat_at < now() - $1::float8 * interval '1 second'
                      AND regexp_replace(o.locked_by, '/[^/]*$', '')
                          = regexp_replace(s.locked_by, '/[^/]*$', '')) AS batch
       FROM stale s

@@ -27,9 +27,14 @@
 --   taken only on this path);
 -- * while an isolated job is ready to run, no process claims other jobs:
 --   busy processes finish what they hold, and the isolated jobs then run
---   one at a time per process;
+--   one at a time per process; and while one runs, its process claims
+--   nothing else (a partial index of running isolated jobs, nearly always
+--   empty, makes that test one probe);
 -- * the sweeper charges a job only if it was the only job running in its
 --   process (queue.sql, reclaim_stale).
+CREATE INDEX mail_index_jobs_isolated_running ON mail_index_jobs (id)
+    WHERE status = 'processing' AND isolate;
+
 CREATE OR REPLACE FUNCTION mail_index_jobs_claim(batch integer, worker text)
 RETURNS TABLE (id bigint, job_type text, tenant_slug text, message_id text, payload text,
                attempts integer, max_attempts integer, lease uuid, created_at timestamptz)
@@ -46,6 +51,14 @@ DECLARE
     picked bigint[];
     process text := regexp_replace(worker, '/[^/]*$', '');
 BEGIN
+    -- This process runs an isolated job: it runs alone.
+    IF EXISTS (SELECT 1
+                 FROM mail_index_jobs p
+                WHERE p.status = 'processing'
+                  AND p.isolate
+                  AND regexp_replace(p.locked_by, '/[^/]*$', '') = process) THEN
+        RETURN;
+    END IF;
     -- A job a dead worker held runs alone (migration 0010): picked here,
     -- claimed below only if this process runs nothing else.
     SELECT array_agg(c.id) INTO picked

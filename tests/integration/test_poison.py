@@ -121,6 +121,36 @@ async def test_two_sweepers_at_once_never_charge_part_of_a_batch(db: Database) -
     assert [(r.id, r.status, r.alone) for r in reclaimed] == [(ids[1], JobStatus.PENDING, False)]
 
 
+async def test_while_an_isolated_job_runs_its_process_claims_nothing_else(
+        db: Database) -> None:
+    """Other tasks of the process claimed normal jobs beside a running
+    isolated one; the poison's death then counted them and was refunded,
+    and they were isolated too (a review: 11 deaths instead of 5, 71
+    innocent jobs killed). Other processes go on."""
+    queue = Queue(db)
+    [suspect] = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", "suspect", {})])
+    await db.execute("UPDATE mail_index_jobs SET isolate = true WHERE id = $1", suspect)
+    others = [int(i) for i in await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"n{n}", {}) for n in range(5)])]
+    assert [j.id for j in await queue.claim(10, "host:1/0")] == [suspect]
+    assert await queue.claim(10, "host:1/1") == []
+    assert sorted(j.id for j in await queue.claim(10, "host:2/0")) == others
+
+
+async def test_a_restart_under_the_same_name_does_not_shield_the_dead_process_job(
+        db: Database) -> None:
+    """A container restarted as the same "hostname:1" had a live job the
+    sweeper counted as the dead process's: the suspect ran "with another
+    job" and was refunded instead of failed (a review)."""
+    queue = Queue(db, QueueSettings(stale_after=0.3, heartbeat_interval=0.1))
+    [dead] = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", "d", {}, max_attempts=1)])
+    assert [j.id for j in await queue.claim(10, "box:1/0")] == [dead]
+    await trio.sleep(0.5)
+    [live] = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", "l", {})])
+    assert [j.id for j in await queue.claim(10, "box:1/2")] == [live]  # the restarted one
+    assert await queue.reclaim_stale() == {dead: JobStatus.FAILED}
+
+
 async def test_a_dead_batch_is_not_charged_and_its_jobs_then_run_alone(db: Database) -> None:
     """The rule in SQL, without processes: a batch's attempts are refunded,
     its jobs are claimed one at a time, and a job that dies alone is charged."""
