@@ -150,7 +150,8 @@ class RefreshTokenStore(Protocol):
 
     async def load(self, chain: bytes) -> str | None: ...
 
-    async def save(self, chain: bytes, token: str) -> None: ...
+    async def save(self, chain: bytes, token: str) -> bool:
+        """True once ``token`` is kept."""
 
 
 def refresh_chain(client: OAuthClient, registered: str) -> bytes:
@@ -200,6 +201,9 @@ class TokenSource:
         #: at this source's next refresh, and kept in ``refresh_store``.
         self._rotated_refresh_token: str | None = None
         self._store = refresh_store
+        #: The store could not keep this source's rotation: it holds an
+        #: older token than ``_rotated_refresh_token``.
+        self._store_behind = False
         self._failures = 0
         self._retry_at = float("-inf")
         self._last_error: OAuthRefused | OAuthUnavailable | None = None
@@ -335,19 +339,29 @@ class TokenSource:
         if ref is None:
             return None
         registered = self._secret(ref)
-        if self._rotated_refresh_token is not None:
-            return registered, self._rotated_refresh_token
-        newest = None
-        if self._store is not None:
+        # The store first: another source of the chain (a CLI sign-in, a
+        # process restarted) may have rotated it since this one did, and the
+        # provider then refuses this one's (a review).
+        if self._store is not None and not self._store_behind:
             newest = await self._store.load(refresh_chain(self.client, registered))
-        return registered, newest or registered
+            if newest is not None:
+                return registered, newest
+        return registered, self._rotated_refresh_token or registered
 
     async def _keep(self, registered: str, rotated: str) -> None:
         self._rotated_refresh_token = rotated
-        if self._store is not None:
-            # Shielded: the provider may have revoked the one presented.
-            with trio.move_on_after(10, shield=True):
-                await self._store.save(refresh_chain(self.client, registered), rotated)
+        if self._store is None:
+            return
+        # Shielded: the provider may have revoked the one presented.
+        kept = False
+        with trio.move_on_after(10, shield=True):
+            kept = await self._store.save(refresh_chain(self.client, registered), rotated)
+        if not kept:
+            log.warning("the OAuth refresh token of client_id=%s could not be kept within "
+                        "10 s: this source presents it, but another one (or a restart) "
+                        "presents an older one, which the provider may refuse",
+                        self.client.client_id)
+        self._store_behind = not kept
 
     async def _fetch(self) -> AccessToken:
         refresh = await self._refresh_token()

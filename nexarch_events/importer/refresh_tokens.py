@@ -60,7 +60,7 @@ class StoredRefreshTokens:
                         "NEXARCH_SECRET_KEY_FILE's; the registered one is presented")
             return None
 
-    async def save(self, chain: bytes, token: str) -> None:
+    async def save(self, chain: bytes, token: str) -> bool:
         try:
             await self.db.execute(_SQL["oauth_refresh_save"], chain,
                                   secrets.seal(token, self._key))
@@ -68,6 +68,8 @@ class StoredRefreshTokens:
             log.warning("the OAuth refresh token the provider rotated to cannot be stored "
                         "(%s): this process presents it, but after a restart the one "
                         "stored before is presented, which the provider may refuse", exc)
+            return False
+        return True
 
 
 class RememberedRefreshTokens:
@@ -79,13 +81,14 @@ class RememberedRefreshTokens:
     async def load(self, chain: bytes) -> str | None:
         return self._tokens.get(chain)
 
-    async def save(self, chain: bytes, token: str) -> None:
+    async def save(self, chain: bytes, token: str) -> bool:
         if chain not in self._tokens:
             log.warning("the OAuth provider rotated a refresh token; without "
                         "NEXARCH_SECRET_KEY_FILE it is kept in this process only: after a "
                         "restart the registered one is presented again, which the provider "
                         "refuses once it has revoked it or it has expired")
         self._tokens[chain] = token
+        return True
 
 
 def refresh_store(db: Executor | None,

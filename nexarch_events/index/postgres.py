@@ -255,7 +255,9 @@ def mark_snippet(text: str, lexemes: str | None) -> str:
     if not stems:
         return text[:200]
     words = re.compile("|".join(
-        re.escape(stem) if CONTINUOUS_RUN.fullmatch(stem) else rf"\b{re.escape(stem)}"
+        # A word starts after anything but a letter or digit: "_" separates
+        # words as it does in documents (words_only), unlike \b.
+        re.escape(stem) if CONTINUOUS_RUN.fullmatch(stem) else rf"(?<![^\W_]){re.escape(stem)}"
         for stem in stems), re.IGNORECASE)
     first = next(_marked_words(words, text), None)
     if first is None:
@@ -277,7 +279,7 @@ def mark_snippet(text: str, lexemes: str | None) -> str:
     return ("… " if start else "") + "".join(out) + (" …" if end < len(text) else "")
 
 
-_WORD_CHARS = re.compile(r"\w*")
+_WORD_CHARS = re.compile(r"[^\W_]*")
 
 
 def _marked_words(words: re.Pattern[str], text: str) -> Iterator[tuple[int, int]]:

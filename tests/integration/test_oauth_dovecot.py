@@ -409,3 +409,32 @@ async def test_without_the_key_a_rotated_token_is_kept_in_memory_with_a_warning(
     warned = [r for r in caplog.records if "NEXARCH_SECRET_KEY_FILE" in r.getMessage()]
     assert len(warned) == 1 and not any(
         t in r.getMessage() for r in caplog.records for t in presented)
+
+
+async def test_a_source_presents_the_chain_s_newest_token_after_another_rotated_it(
+        db: Database, endpoint: TokenEndpoint, secret_env: None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The service's source rotated R0 -> R1; a second source of the chain
+    (`mailbox sync-now`, `account discover`) rotated R1 -> R2 through the
+    store; the service's source presented its own R1 again, refused for
+    good (a review). It reads the store first."""
+    from nexarch_events.importer.refresh_tokens import StoredRefreshTokens
+
+    key = secrets.new_key()
+    store = StoredRefreshTokens(db, key)
+    monkeypatch.setenv("NEXARCH_TEST_OAUTH_REFRESH", "r0-registered")
+    endpoint.rotate = True
+    endpoint.refresh_tokens.add("r0-registered")
+    client = OAuthClient(token_url=endpoint.url, client_id="archive-app",
+                         client_secret_ref=f"env:{SECRET_ENV}",
+                         refresh_token_ref="env:NEXARCH_TEST_OAUTH_REFRESH")
+    now = [1000.0]
+    async with TokenSource(client, secret_key=key, refresh_store=store,
+                           clock=lambda: now[0]) as service:
+        await service.token()
+        async with TokenSource(client, secret_key=key, refresh_store=store) as cli:
+            await cli.token()
+        now[0] += 3600  # the service's token is due
+        await service.token()
+    presented = [r["refresh_token"] for r in endpoint.requests]
+    assert len(presented) == 3 and len(set(presented)) == 3, presented
