@@ -212,6 +212,8 @@ class EventStream:
         self._held: list[tuple[str, Notification]] = []
         #: No replay has run yet (the first one checks the cursor it starts from).
         self._first_replay = True
+        #: The watermark job and why it was lost, once a resync said so.
+        self._lost_told: tuple[int, str] | None = None
 
     async def run(self, write: Write) -> None:
         self._write = write
@@ -270,12 +272,19 @@ class EventStream:
         fresh = first and self.resume is None
         lost = None if fresh else await self.queue.cursor_lost(
             self._mark.job_id, tenant_slug=self.tenant)
+        if lost is not None and (self._mark.job_id, lost) == self._lost_told:
+            # Told already, and the watermark could not move past it (job 0
+            # of a tenant with no finished job, once anything was pruned):
+            # resyncing again on every reconnect skipped every replay (a
+            # review). What happened since the resync is replayed.
+            lost = None
         if lost is not None:
             # Where the job this stream resumes after stood in finish order
             # cannot be told any more: say so rather than skip.
             newest = await self._newest()
             self._mark = Watermark(max(self._mark.archive_id, newest.archive_id),
                                    newest.job_id or self._mark.job_id)
+            self._lost_told = (self._mark.job_id, lost)
             await self._emit("resync", {
                 "v": 1, "event": "resync", "replayed": True,
                 "reason": f"{_LOST[lost]}: reload the state (/queue, /mailboxes)"})

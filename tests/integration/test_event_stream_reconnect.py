@@ -7,7 +7,7 @@ its notification arrives before the listener announces the reconnect."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import trio
@@ -156,3 +156,51 @@ async def test_a_job_retried_while_the_listener_is_down_is_announced_on_a_fresh_
     assert told, [(e.event, e.id, e.data) for e in got]
     assert after.archive_id in imported_ids(got)
     assert job_ids(got) == [after.job_id]
+
+
+async def test_a_resync_for_a_pruned_history_is_not_repeated_on_every_reconnect(
+        db: Database, database_url: str, fast_settings: QueueSettings) -> None:
+    """A fresh stream of a tenant with no finished job stays "after job 0";
+    once anything was ever pruned, each reconnect's replay said "resync"
+    and skipped the replay, for ever: mail archived during the second
+    outage was never announced (a review). Told once, it replays."""
+    proxy = TcpProxy.for_url(database_url)
+    settings = replace(fast_settings, listener_ping_timeout=30.0)
+    await db.execute("UPDATE mail_index_jobs_pruned SET max_id = 1, max_finished_at = now(), "
+                     "max_finished_id = 1")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.run)
+        async with open_env(db, database_url, settings,
+                            listen_url=proxy.url(database_url)) as env, \
+                open_events(env, env.tokens.globex) as events:
+            listener = env.ctx.listener
+            assert (await events.next()).event == "open"
+
+            async def outage(during: Callable[[], Awaitable[None]] | None = None) -> None:
+                listen = proxy.gate(b'LISTEN "nexarch_mail_imported"')
+                assert await db.fetchval("SELECT pg_terminate_backend($1)",
+                                         listener.backend_pid)
+                with trio.fail_after(30):
+                    await listen.reached.wait()
+                if during is not None:
+                    await during()
+                listen.open()
+                with trio.fail_after(30):
+                    while not listener.connected:
+                        await trio.sleep(0.02)
+
+            await outage()
+            first = await events.until(lambda e: e.event == "resync"
+                                       and e.data.get("replayed") is True)
+            archived: list[int] = []
+
+            async def archive() -> None:
+                [stored] = await env.import_mail("globex", "inbox", [message("in-outage")])
+                archived.append(stored.archive_id)
+
+            await outage(archive)
+            got = await events.until(lambda e: archived and archived[0] in imported_ids([e]))
+        nursery.cancel_scope.cancel()
+    assert first[-1].event == "resync"
+    assert not [e for e in got if e.event == "resync" and e.data.get("replayed") is True], \
+        [(e.event, e.data) for e in got]
