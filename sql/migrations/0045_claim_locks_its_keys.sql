@@ -50,62 +50,79 @@ AS $fn$
 DECLARE
     picked bigint[];
     process text := regexp_replace(worker, '/[^/]*$', '');
+    running_alone boolean;
+    isolated_ready boolean;
 BEGIN
-    -- This process runs an isolated job: it runs alone.
-    IF EXISTS (SELECT 1
-                 FROM mail_index_jobs p
-                WHERE p.status = 'processing'
-                  AND p.isolate
-                  AND regexp_replace(p.locked_by, '/[^/]*$', '') = process) THEN
-        RETURN;
-    END IF;
-    -- A job a dead worker held runs alone (migration 0010): picked here,
-    -- claimed below only if this process runs nothing else.
-    SELECT array_agg(c.id) INTO picked
-      FROM (SELECT j.id, j.tenant_slug, j.message_id
-              FROM mail_index_jobs j
-             WHERE j.status = 'pending'
-               AND j.isolate
-               AND j.available_at <= now()
-               AND NOT EXISTS (
-                     SELECT 1
-                       FROM mail_index_jobs other
-                      WHERE other.tenant_slug = j.tenant_slug
-                        AND other.message_id = j.message_id
-                        AND other.id <> j.id
-                        AND (other.status = 'processing'
-                             OR (other.status = 'pending' AND other.id < j.id)))
-             ORDER BY j.available_at, j.id
-             LIMIT 1
-               FOR UPDATE SKIP LOCKED) c
-     WHERE pg_try_advisory_xact_lock(1312902724, hashtext(c.tenant_slug || '/' || c.message_id));
-    IF picked IS NOT NULL THEN
-        -- One isolated claim at a time per process; then (a new snapshot)
-        -- nothing of this process may be running, or it waits its turn.
-        PERFORM pg_advisory_xact_lock(1312902725, hashtext(process));
-        IF EXISTS (SELECT 1
+    -- One statement for the common case (no isolated job anywhere): does
+    -- this process run an isolated job (then it runs alone), and is one
+    -- ready (then nothing else starts until the isolated ones have run)?
+    SELECT EXISTS (SELECT 1
                      FROM mail_index_jobs p
                     WHERE p.status = 'processing'
-                      AND regexp_replace(p.locked_by, '/[^/]*$', '') = process) THEN
+                      AND p.isolate
+                      AND regexp_replace(p.locked_by, '/[^/]*$', '') = process),
+           EXISTS (SELECT 1
+                     FROM mail_index_jobs j
+                    WHERE j.status = 'pending'
+                      AND j.isolate
+                      AND j.available_at <= now())
+      INTO running_alone, isolated_ready;
+    IF running_alone THEN
+        RETURN;
+    END IF;
+    IF isolated_ready THEN
+        -- A job a dead worker held runs alone (migration 0010): picked here,
+        -- claimed below only if this process runs nothing else.
+        SELECT array_agg(c.id) INTO picked
+          FROM (SELECT j.id, j.tenant_slug, j.message_id
+                  FROM mail_index_jobs j
+                 WHERE j.status = 'pending'
+                   AND j.isolate
+                   AND j.available_at <= now()
+                   AND NOT EXISTS (
+                         SELECT 1
+                           FROM mail_index_jobs other
+                          WHERE other.tenant_slug = j.tenant_slug
+                            AND other.message_id = j.message_id
+                            AND other.id <> j.id
+                            AND (other.status = 'processing'
+                                 OR (other.status = 'pending' AND other.id < j.id)))
+                 ORDER BY j.available_at, j.id
+                 LIMIT 1
+                   FOR UPDATE SKIP LOCKED) c
+         WHERE pg_try_advisory_xact_lock(1312902724,
+                                         hashtext(c.tenant_slug || '/' || c.message_id));
+        IF picked IS NOT NULL THEN
+            -- One isolated claim at a time per process; then (a new
+            -- snapshot) nothing of this process may be running.
+            PERFORM pg_advisory_xact_lock(1312902725, hashtext(process));
+            IF EXISTS (SELECT 1
+                         FROM mail_index_jobs p
+                        WHERE p.status = 'processing'
+                          AND regexp_replace(p.locked_by, '/[^/]*$', '') = process) THEN
+                RETURN;
+            END IF;
+        ELSIF EXISTS (SELECT 1
+                        FROM mail_index_jobs j
+                       WHERE j.status = 'pending'
+                         AND j.isolate
+                         AND j.available_at <= now()
+                         AND NOT EXISTS (
+                               SELECT 1
+                                 FROM mail_index_jobs other
+                                WHERE other.tenant_slug = j.tenant_slug
+                                  AND other.message_id = j.message_id
+                                  AND other.id <> j.id
+                                  AND (other.status = 'processing'
+                                       OR (other.status = 'pending'
+                                           AND other.id < j.id)))) THEN
+            -- An isolated job can run (held by another claim, or this
+            -- process is busy): nothing else starts meanwhile. (One that
+            -- waits for an older job of its key does not hold others up.)
             RETURN;
         END IF;
-    ELSIF EXISTS (SELECT 1
-                    FROM mail_index_jobs j
-                   WHERE j.status = 'pending'
-                     AND j.isolate
-                     AND j.available_at <= now()
-                     AND NOT EXISTS (
-                           SELECT 1
-                             FROM mail_index_jobs other
-                            WHERE other.tenant_slug = j.tenant_slug
-                              AND other.message_id = j.message_id
-                              AND other.id <> j.id
-                              AND (other.status = 'processing'
-                                   OR (other.status = 'pending' AND other.id < j.id)))) THEN
-        -- An isolated job is ready (held by another claim, or this process
-        -- is busy): nothing else starts until the isolated ones have run.
-        RETURN;
-    ELSE
+    END IF;
+    IF picked IS NULL THEN
         SELECT array_agg(c.id) INTO picked
           FROM (SELECT j.id, j.tenant_slug, j.message_id
                   FROM mail_index_jobs j
