@@ -81,6 +81,33 @@ wake AS (
 )
 SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 
+-- name: release_unknown
+-- Jobs worker $1 holds that it does not know it holds: claimed by an ack
+-- whose answer never came back (a command timeout after the commit), none
+-- of $2 (the jobs it knows). Handed back as a shutdown hands them back
+-- (attempt refunded); without this they waited out stale_after and were
+-- charged as suspects (a queue audit).
+WITH released AS (
+    UPDATE mail_index_jobs j
+       SET status = 'pending',
+           attempts = GREATEST(j.attempts - 1, 0),
+           available_at = now(),
+           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
+           updated_at = now()
+     WHERE j.status = 'processing'
+       AND j.locked_by = $1::text
+       AND NOT (j.id = ANY ($2::bigint[]))
+ RETURNING j.id
+),
+wake AS (
+    SELECT pg_notify('nexarch_index_jobs', json_build_object(
+               'v', 1, 'event', 'released', 'ready', count(*),
+               'first_id', min(id), 'last_id', max(id), 'next_due', NULL)::text)
+      FROM released
+    HAVING count(*) > 0
+)
+SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
+
 -- name: postpone
 -- Jobs that met an outage (models.Failure.outage: the index or the database
 -- out of reach or busy, not the job's fault): pending again, with the

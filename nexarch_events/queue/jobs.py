@@ -183,6 +183,12 @@ class Queue:
         rows = await self.db.fetch(_SQL["release"], [j.id for j in jobs], [j.lease for j in jobs])
         return sorted(JobId(row["id"]) for row in rows)
 
+    async def release_unknown(self, worker_id: str, known: Sequence[JobId]) -> list[JobId]:
+        """Hand back the jobs ``worker_id`` holds but does not know of (an
+        ack_and_claim whose answer was lost), refunding their attempt."""
+        rows = await self.db.fetch(_SQL["release_unknown"], worker_id, [int(i) for i in known])
+        return sorted(JobId(row["id"]) for row in rows)
+
     # -- sweeper ---------------------------------------------------------------
 
     async def reclaim_stale(self) -> dict[JobId, JobStatus]:

@@ -338,6 +338,7 @@ class WorkerPool:
             # hands back what it did not. Bounded: stale-lease reclaim covers
             # the case where Postgres does not answer in time.
             bound = max(self.settings.stale_after, 5.0)
+            lost_answer = False
             with self._shielded(bound) as settle_scope:
                 if finished_normally and not unfinished and not self._stopping \
                         and not outage_only:
@@ -350,7 +351,22 @@ class WorkerPool:
                         log.info("ack on the worker's connection failed, retrying through "
                                  "the pool: %s", exc)
                         queue = self.queue
+                        lost_answer = True
                 await self._settle(done, unfinished, queue, worker_id)
+                if lost_answer:
+                    # The ack may have committed, and claimed a batch with
+                    # it that this worker never heard of. Not reachable
+                    # now: the sweeper takes them back when their leases
+                    # expire.
+                    try:
+                        released = await queue.release_unknown(worker_id,
+                                                               [j.id for j in jobs])
+                    except DatabaseTransient:
+                        released = []
+                    if released:
+                        self.stats.released += len(released)
+                        log.info("handed back jobs %s, claimed by an ack whose answer was "
+                                 "lost", released)
             if settle_scope.cancelled_caught:
                 self.stats.unrecorded += len(jobs)
                 why = "stopping now" if self._forced else \

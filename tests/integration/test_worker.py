@@ -386,3 +386,56 @@ async def test_a_worker_cut_off_from_postgres_stops_its_handler_before_another_r
     assert events[:3] == ["cut-off started", "cut-off stopped", "healthy started"], events
     status = await Queue(db).status(job_id)
     assert status.attempts == 2
+
+
+async def test_jobs_claimed_by_an_ack_whose_answer_was_lost_are_handed_back_at_once(
+        db: Database, settings: Settings) -> None:
+    """The ack of a batch committed, with the next batch claimed in the same
+    statement, but its answer came after the command timeout: the claimed
+    job was held by nobody until stale_after, then charged as a suspect (a
+    queue audit). The worker now hands back what it holds unknowingly."""
+    from dataclasses import replace
+
+    from tests.support.tcp_proxy import TcpProxy
+
+    settings = replace(settings.with_queue(workers=1, stale_after=30.0), command_timeout=1.0)
+    first_started, release_first = trio.Event(), trio.Event()
+    runs: list[tuple[str, int]] = []
+    second_started = trio.Event()
+
+    async def handler(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        for job in jobs:
+            runs.append((job.message_id, job.attempts))
+            if job.message_id == "first":
+                first_started.set()
+                await release_first.wait()
+            else:
+                second_started.set()
+        return {}
+
+    proxy = TcpProxy.for_url(db.dsn)
+    async with trio.open_nursery() as outer:
+        await outer.start(proxy.run)
+        async with Database.open(proxy.url(db.dsn), max_size=4) as proxied:
+            service = QueueService(proxied, settings, {"index": handler, "delete": handler})
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                await Queue(db).enqueue_index("acme", "first", {})
+                with trio.fail_after(10):
+                    await first_started.wait()
+                second = await Queue(db).enqueue_index("acme", "second", {})
+                # The ack's answer (its row says "succeeded") is held past
+                # the command timeout, after the server committed it.
+                held = proxy.gate(b"succeeded", from_server=True)
+                release_first.set()
+                with trio.fail_after(10):
+                    await held.reached.wait()
+                await trio.sleep(2.0)
+                held.open()
+                with trio.fail_after(10):  # not stale_after (30 s)
+                    await second_started.wait()
+                service.cancel()
+        outer.cancel_scope.cancel()
+    assert runs[-1] == ("second", 1), runs  # its first counted attempt
+    status = await Queue(db).status(second)
+    assert status.last_error is None or "suspected" not in status.last_error

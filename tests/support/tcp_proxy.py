@@ -27,8 +27,9 @@ class Gate:
     """One held statement: ``reached`` is set once a client sent it (and it
     is held); ``open()`` forwards it."""
 
-    def __init__(self, pattern: bytes) -> None:
+    def __init__(self, pattern: bytes, *, from_server: bool = False) -> None:
         self.pattern = pattern
+        self.from_server = from_server
         self.reached = trio.Event()
         self._opened = trio.Event()
 
@@ -98,10 +99,12 @@ class TcpProxy:
                 count += 1
         return count
 
-    def gate(self, pattern: bytes) -> Gate:
+    def gate(self, pattern: bytes, *, from_server: bool = False) -> Gate:
         """Hold the next client chunk containing ``pattern`` (on any
-        connection) until the returned gate is opened. One-shot."""
-        gate = Gate(pattern)
+        connection; with ``from_server``, the next server chunk: an answer
+        held after the server did the work) until the returned gate is
+        opened. One-shot."""
+        gate = Gate(pattern, from_server=from_server)
         self._gates.append(gate)
         return gate
 
@@ -142,8 +145,7 @@ class TcpProxy:
                 data = await src.receive_some(65536)
                 if not data:
                     break
-                if not from_server:
-                    await self._pass_gates(data)
+                await self._pass_gates(data, from_server)
                 await dst.send_all(data)
                 pair.forwarded += len(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -154,8 +156,9 @@ class TcpProxy:
         # or hold it, silent, if it was blackholed.
         pair.scope.cancel()
 
-    async def _pass_gates(self, data: bytes) -> None:
-        for gate in [g for g in self._gates if g.pattern in data]:
+    async def _pass_gates(self, data: bytes, from_server: bool) -> None:
+        for gate in [g for g in self._gates
+                     if g.from_server == from_server and g.pattern in data]:
             self._gates.remove(gate)
             gate.reached.set()
             await gate._opened.wait()
