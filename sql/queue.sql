@@ -84,9 +84,11 @@ SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 -- name: release_unknown
 -- Jobs worker $1 holds that it does not know it holds: claimed by an ack
 -- whose answer never came back (a command timeout after the commit), none
--- of $2 (the jobs it knows). Handed back as a shutdown hands them back
--- (attempt refunded); without this they waited out stale_after and were
--- charged as suspects (a queue audit).
+-- of $2 (the jobs it knows), claimed within $3 seconds (stale_after: an
+-- older one is a dead process's of the same name, the sweeper's to judge).
+-- Handed back as a shutdown hands them back (attempt refunded); without
+-- this they waited out stale_after and were charged as suspects (a queue
+-- audit).
 WITH released AS (
     UPDATE mail_index_jobs j
        SET status = 'pending',
@@ -97,6 +99,7 @@ WITH released AS (
      WHERE j.status = 'processing'
        AND j.locked_by = $1::text
        AND NOT (j.id = ANY ($2::bigint[]))
+       AND j.heartbeat_at >= now() - $3::float8 * interval '1 second'
  RETURNING j.id
 ),
 wake AS (
