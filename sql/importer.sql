@@ -5,13 +5,19 @@
 -- name: state_get_or_create
 -- The seed's GetOrCreate: a new mailbox starts with the default interval.
 -- $1 tenant, $2 mailbox name, $3 its registration id or NULL: a registered
--- mailbox removed meanwhile gets no state again (no row comes back).
+-- mailbox removed meanwhile gets no state again (no row comes back). The
+-- registration is locked (FOR KEY SHARE): a removal in flight is waited
+-- for and then seen. Read from the statement's snapshot alone, a removal
+-- committing meanwhile deleted the state row this insert then made again
+-- (its conflict waited for the delete, then inserted): a removed mailbox
+-- with a state row (found by CI under stress-ng).
 WITH created AS (
     INSERT INTO mail_import_state (tenant_slug, mailbox_name)
     SELECT $1, $2
      WHERE $3::bigint IS NULL
         OR EXISTS (SELECT 1 FROM mail_import_mailboxes m
-                    WHERE m.id = $3::bigint AND m.tenant_slug = $1 AND m.name = $2)
+                    WHERE m.id = $3::bigint AND m.tenant_slug = $1 AND m.name = $2
+                      FOR KEY SHARE)
     ON CONFLICT (tenant_slug, mailbox_name) DO NOTHING
     RETURNING *
 )

@@ -13,7 +13,8 @@ one transaction), or a real server when MANTICORE_URL is set.
 from __future__ import annotations
 
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 
 import pytest
 import trio
@@ -275,13 +276,27 @@ class Zombies:
     async def ensure_schema(self, tenant_slug: str) -> None:
         await self.inner.ensure_schema(tenant_slug)
 
-    async def _maybe_stall(self, fences: Sequence[WriteFence] | None) -> None:
+    def _turns(self, fences: Sequence[WriteFence] | None) -> bool:
         if not fences or not self.armed or self.active >= self.at_once:
-            return
+            return False
         if self.started >= self.sure and self.random.random() >= self.share:
+            return False
+        return not any(f.job_id in self.turned for f in fences)
+
+    async def _write(self, fences: Sequence[WriteFence] | None,
+                     write: Callable[[], Awaitable[None]]) -> None:
+        if not self._turns(fences):
+            await write()
             return
-        if any(f.job_id in self.turned for f in fences):
-            return
+        # A stalled process cannot be stopped by its own lease watch (the
+        # worker stops a handler whose lease was lost; a frozen one does
+        # not run): the stall and the write that follows are shielded.
+        with trio.CancelScope(shield=True):
+            await self._stall(fences)
+            await write()
+
+    async def _stall(self, fences: Sequence[WriteFence] | None) -> None:
+        assert fences
         self.started += 1
         self.active += 1
         try:
@@ -305,13 +320,11 @@ class Zombies:
 
     async def upsert(self, documents: Sequence[IndexDocument],
                      fences: Sequence[WriteFence] | None = None) -> None:
-        await self._maybe_stall(fences)
-        await self.inner.upsert(documents, fences)
+        await self._write(fences, partial(self.inner.upsert, documents, fences))
 
     async def delete(self, tenant_slug: str, archive_ids: Sequence[int],
                      fences: Sequence[WriteFence] | None = None) -> None:
-        await self._maybe_stall(fences)
-        await self.inner.delete(tenant_slug, archive_ids, fences)
+        await self._write(fences, partial(self.inner.delete, tenant_slug, archive_ids, fences))
 
 
 async def test_an_erasure_racing_a_reindex_always_wins(

@@ -306,6 +306,44 @@ async def test_a_removed_mailbox_is_not_imported_again_by_its_running_idle_runne
     assert await db.fetchval("SELECT count(*) FROM mail_archive") == 1
 
 
+async def test_a_state_asked_for_while_its_mailbox_is_removed_is_not_made_again(
+        db: Database) -> None:
+    """A runner's get-or-create of its state, racing `mailbox remove`: its
+    snapshot still saw the registration, its insert waited for the removal
+    to delete the state row, then made it again (CI under stress-ng: a
+    removed mailbox with a state row). It waits for the removal now, and
+    makes nothing."""
+    from nexarch_events.db import sqlfiles
+    from nexarch_events.importer.state import MailboxRemoved, SyncState
+
+    async with open_scripted_imap(messages([1])) as server:
+        await MailboxRegistry(db).add(config(server), interval_seconds=3600)
+    registered = await MailboxRegistry(db).get("acme", "inbox")
+    remover = await Connection.open(db.dsn)
+    outcome: list[SyncState | MailboxRemoved] = []
+    try:
+        await remover.execute("BEGIN")
+        assert await remover.fetchrow(sqlfiles.queries("importer.sql")["mailbox_remove"],
+                                      "acme", "inbox") is not None
+
+        async def ask() -> None:
+            try:
+                outcome.append(await StateStore(db).get_or_create("acme", "inbox",
+                                                                  registered.id))
+            except MailboxRemoved as exc:
+                outcome.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ask)
+            await trio.sleep(0.5)  # the ask waits for the removal
+            await remover.execute("COMMIT")
+    finally:
+        await remover.aclose()
+    # What its snapshot saw, or that the mailbox is gone; never a new row.
+    assert len(outcome) == 1, outcome
+    assert await db.fetchval("SELECT count(*) FROM mail_import_state") == 0
+
+
 # -- issue 10 -----------------------------------------------------------------
 
 
