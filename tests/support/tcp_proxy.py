@@ -68,6 +68,8 @@ class TcpProxy:
         #: if the FIN were lost (or, for a client, late).
         self.swallow_server_close = False
         self._gates: list[Gate] = []
+        #: New connections are accepted and left silent too (``cut_off``).
+        self._cut_off = False
 
     @classmethod
     def for_url(cls, url: str) -> TcpProxy:
@@ -99,6 +101,13 @@ class TcpProxy:
                 count += 1
         return count
 
+    def cut_off(self) -> int:
+        """Silence every connection, those opened from now on too: the
+        clients are cut off from the server (a partition), however often
+        they reconnect. Returns how many open ones were silenced."""
+        self._cut_off = True
+        return self.blackhole()
+
     def gate(self, pattern: bytes, *, from_server: bool = False) -> Gate:
         """Hold the next client chunk containing ``pattern`` (on any
         connection; with ``from_server``, the next server chunk: an answer
@@ -124,6 +133,9 @@ class TcpProxy:
             return
         pair = _Pair(client, upstream)
         self._pairs.append(pair)
+        if self._cut_off:
+            pair.blackholed = True
+            pair.scope.cancel()
         try:
             with pair.scope:
                 async with trio.open_nursery() as nursery:
