@@ -9,6 +9,7 @@ idle worker), by the sweeper when a retry falls due, or at shutdown.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 from collections import deque
@@ -169,8 +170,13 @@ class WorkerPool:
         #: raced with their ack, their lease was not lost
         self._settling: set[JobId] = set()
         self._stopping = False
+        #: when shutdown began: the handlers' deadline (now + its grace)
+        self._grace_deadline = math.inf
         #: set by shutdown: ends a worker's pause for an outage
         self._stopped = trio.Event()
+        #: set when every worker task has ended (their jobs recorded or
+        #: handed back): after a shutdown, nothing of this pool is running
+        self.finished = trio.Event()
         self._handler_scopes: set[trio.CancelScope] = set()
         #: per job in flight: its batch's handler scope, and when its lease
         #: was last known to hold (claimed, or a heartbeat sent then passed)
@@ -192,10 +198,13 @@ class WorkerPool:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._lease_watch)
-            async with trio.open_nursery() as workers:
-                for index in range(self.settings.workers):
-                    workers.start_soon(self._work, f"{self.name}/{index}")
-                task_status.started()
+            try:
+                async with trio.open_nursery() as workers:
+                    for index in range(self.settings.workers):
+                        workers.start_soon(self._work, f"{self.name}/{index}")
+                    task_status.started()
+            finally:
+                self.finished.set()
             # All workers are done (shutdown): stop heartbeating.
             nursery.cancel_scope.cancel()
 
@@ -209,7 +218,7 @@ class WorkerPool:
         self._stopped.set()
         self.wakeups.close()
         grace = self.settings.shutdown_grace if grace is None else grace
-        deadline = trio.current_time() + grace
+        self._grace_deadline = deadline = trio.current_time() + grace
         for scope in self._handler_scopes:
             scope.deadline = min(scope.deadline, deadline)
         await trio.lowlevel.checkpoint()
@@ -258,7 +267,7 @@ class WorkerPool:
                             application_name=f"nexarch-events/worker/{worker_id}",
                             statement_cache_size=self.statement_cache_size)
                         queue = Queue(conn, self.settings)
-                    if not jobs and not looked:
+                    if not jobs and not looked and not self._stopping:
                         jobs = await queue.claim(self.settings.batch_size, worker_id)
                 except (DatabaseTransient, trio.TooSlowError) as exc:
                     # A refused statement (a timeout, a lock, a deadlock) leaves
@@ -272,6 +281,11 @@ class WorkerPool:
                     await self._pause(outage.failed(exc))
                     continue
                 outage.ok()
+                if self._stopping:
+                    # A claim in flight when the shutdown began: what it
+                    # took is handed back below, never started (CI: a job
+                    # enqueued after shutdown() ran and failed).
+                    break
                 if not jobs:
                     looked = False
                     await self.wakeups.wait()
@@ -309,9 +323,7 @@ class WorkerPool:
         next_jobs: list[ClaimedJob] | None = None
         finished_normally = False
         try:
-            scope = trio.CancelScope()
-            if self._stopping:
-                scope.deadline = trio.current_time() + self.settings.shutdown_grace
+            scope = trio.CancelScope(deadline=self._grace_deadline)
             self._handler_scopes.add(scope)
             claimed_at = trio.current_time()
             for job in jobs:

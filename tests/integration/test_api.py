@@ -464,6 +464,8 @@ async def test_queue_counts_are_the_callers_tenant_only(env: Env) -> None:
 async def test_queue_age_of_the_oldest_ready_job_and_latency_in_ms(env: Env) -> None:
     # Stop the workers so that a job stays ready.
     await env.service.shutdown(0)
+    with trio.fail_after(30):
+        await env.service.pool.finished.wait()
     await env.queue.enqueue_index("acme", "999999", {})
     await trio.sleep(0.3)
     view = (await env.client.get("/queue", env.tokens.acme)).json()

@@ -240,6 +240,41 @@ async def test_shutdown_lets_a_job_finish_within_the_grace(db: Database,
     assert recorder.ran == [job_id]
 
 
+async def test_a_job_claimed_as_the_shutdown_begins_is_handed_back_not_run(
+        db: Database, settings: Settings) -> None:
+    """A claim in flight when shutdown() was called took a job enqueued
+    after it, and the worker ran it (CI: the API's queue view found the job
+    failed, not pending). What such a claim took is now handed back with
+    the attempt refunded, and never started."""
+    from tests.support.tcp_proxy import TcpProxy
+
+    recorder = Recorder()
+    proxy = TcpProxy.for_url(db.dsn)
+    settings = settings.with_queue(workers=1)
+    async with trio.open_nursery() as outer:
+        await outer.start(proxy.run)
+        async with Database.open(proxy.url(db.dsn), max_size=4) as proxied:
+            service = QueueService(proxied, settings, recorder.handlers())  # type: ignore[arg-type]
+            async with trio.open_nursery() as nursery:
+                await nursery.start(service.run)
+                # The claim's answer (its row names the message) is held
+                # after the server committed it.
+                held = proxy.gate(b"claimed-at-shutdown", from_server=True)
+                job_id = await Queue(db).enqueue_index("acme", "claimed-at-shutdown", {})
+                with trio.fail_after(10):
+                    await held.reached.wait()
+                await service.shutdown(grace=0)
+                held.open()
+                with trio.fail_after(10):
+                    await service.pool.finished.wait()
+                nursery.cancel_scope.cancel()
+        outer.cancel_scope.cancel()
+    job = await Queue(db).status(job_id)
+    assert (job.status, job.attempts) == (JobStatus.PENDING, 0)
+    assert recorder.ran == []
+    assert service.pool.stats.released == 1
+
+
 async def test_every_job_type_needs_a_handler(queue: Queue) -> None:
     async def noop(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
         return {}
