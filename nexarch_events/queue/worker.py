@@ -132,6 +132,21 @@ class WorkerStats:
     unrecorded: int = 0
 
 
+def lease_watch_limit(stale_after: float, heartbeat_interval: float) -> float:
+    """How long a job's lease may go unconfirmed before its handler is
+    stopped: stale_after less a margin for the stop to take effect before
+    the sweeper may hand the job on. The margin is one heartbeat interval
+    (the default interval, stale_after / 4, gives 3/4 of stale_after), or
+    half the gap between interval and stale_after if that is smaller, so
+    the limit always lies between the two. It was ``max(stale_after -
+    interval, interval)``: with an interval of half stale_after or more, a
+    lease looked lost just before the heartbeat that confirmed it, and a
+    healthy job longer than an interval was stopped and re-run for ever (a
+    review)."""
+    margin = min(heartbeat_interval, (stale_after - heartbeat_interval) / 2)
+    return stale_after - margin
+
+
 def default_worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -511,9 +526,9 @@ class WorkerPool:
         once (a queue audit: a worker cut off from Postgres ran on for 4 s
         beside the new owner). What they did not finish is re-run there."""
         interval = self.settings.effective_heartbeat_interval
-        limit = max(self.settings.stale_after - interval, interval)
+        limit = lease_watch_limit(self.settings.stale_after, interval)
         while True:
-            await trio.sleep(interval / 4)
+            await trio.sleep(min(interval, limit) / 4)
             now = trio.current_time()
             expired = {job_id for job_id, at in self._confirmed.items()
                        if now - at > limit and job_id not in self._settling}

@@ -16,7 +16,7 @@ from nexarch_events.aio import Database
 from nexarch_events.errors import ConfigurationError, JobFailed
 from nexarch_events.models import ClaimedJob, Failure, JobId, JobStatus, JobType, NewJob
 from nexarch_events.queue.jobs import Queue
-from nexarch_events.queue.worker import WorkerPool, per_job
+from nexarch_events.queue.worker import WorkerPool, lease_watch_limit, per_job
 from nexarch_events.service import QueueService
 from nexarch_events.settings import QueueSettings, Settings
 
@@ -273,6 +273,41 @@ async def test_a_job_claimed_as_the_shutdown_begins_is_handed_back_not_run(
     assert (job.status, job.attempts) == (JobStatus.PENDING, 0)
     assert recorder.ran == []
     assert service.pool.stats.released == 1
+
+
+@pytest.mark.parametrize(("stale_after", "interval"),
+                         [(30.0, 7.5), (4.0, 3.0), (2.0, 1.0), (1.0, 0.99), (10.0, 0.1)])
+def test_the_lease_watch_limit_lies_between_a_heartbeat_and_stale_after(
+        stale_after: float, interval: float) -> None:
+    limit = lease_watch_limit(stale_after, interval)
+    assert interval < limit < stale_after
+
+
+async def test_a_heartbeat_of_half_stale_after_or_more_does_not_stop_healthy_jobs(
+        db: Database, settings: Settings) -> None:
+    """With heartbeat_interval >= stale_after / 2 (accepted by the
+    settings), the lease watch's limit was the interval itself: a lease
+    looked lost just before each heartbeat confirmed it, so a healthy job
+    longer than an interval was stopped, handed back and claimed again for
+    ever (a review: 12 starts, never finished)."""
+    settings = settings.with_queue(workers=1, stale_after=4.0, heartbeat_interval=2.4)
+    starts: list[int] = []
+
+    async def slow(job: ClaimedJob) -> None:
+        starts.append(job.attempts)
+        await trio.sleep(6.0)
+
+    handler = per_job(slow)
+    service = QueueService(db, settings, {"index": handler, "delete": handler})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        job_id = await service.queue.enqueue_index("acme", "slow", {})
+        with trio.fail_after(30):
+            while (await service.queue.status(job_id)).status is not JobStatus.SUCCEEDED:
+                await trio.sleep(0.1)
+        nursery.cancel_scope.cancel()
+    assert starts == [1]
+    assert service.pool.stats.lost_leases == 0
 
 
 async def test_every_job_type_needs_a_handler(queue: Queue) -> None:
