@@ -157,23 +157,36 @@ SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
 -- culprit, or none: the process may have died of something else); they are
 -- marked isolate and run alone in their process from now on (migrations
 -- 0010, 0045). "Alone" was once per claim: the other tasks' jobs, dying
--- with the poison, were charged (a queue audit). The count reads every
--- stale job of the process, not only the rows this statement could lock:
--- two sweepers at once split a batch, and each charged its part as alone;
--- and not its live ones: a process restarted under the same name (a
--- container's "hostname:1") would shield the dead one's poison.
+-- with the poison, were charged (a queue audit).
+--
+-- A process is judged once, when all of its jobs are stale: the count is of
+-- every job it holds. Its jobs go stale at different moments (one claimed
+-- after its last heartbeat later), and a count of the stale ones judged
+-- each of two in turn "alone" and charged both (a review); a count of the
+-- rows this statement locked split a batch between two sweepers at once.
+-- A process's name is unique per start (WorkerPool.instance), so a restart
+-- under the same name is another process. One exception: a job stale for
+-- twice $1 beside fresh ones of its process (one the process does not know
+-- it holds) is taken back without waiting for them, not charged.
 WITH stale AS (
-    SELECT id, locked_by
-      FROM mail_index_jobs
-     WHERE status = 'processing'
-       AND heartbeat_at < now() - $1::float8 * interval '1 second'
+    SELECT j.id, j.locked_by
+      FROM mail_index_jobs j
+     WHERE j.status = 'processing'
+       AND j.heartbeat_at < now() - $1::float8 * interval '1 second'
+       AND (j.heartbeat_at < now() - 2 * $1::float8 * interval '1 second'
+            OR NOT EXISTS (
+                 SELECT 1
+                   FROM mail_index_jobs live
+                  WHERE live.status = 'processing'
+                    AND live.heartbeat_at >= now() - $1::float8 * interval '1 second'
+                    AND regexp_replace(live.locked_by, '/[^/]*$', '')
+                        = regexp_replace(j.locked_by, '/[^/]*$', '')))
        FOR UPDATE SKIP LOCKED
 ),
 claims AS (
     SELECT s.id, (SELECT count(*)
                     FROM mail_index_jobs o
                    WHERE o.status = 'processing'
-                     AND o.heartbeat_at < now() - $1::float8 * interval '1 second'
                      AND regexp_replace(o.locked_by, '/[^/]*$', '')
                          = regexp_replace(s.locked_by, '/[^/]*$', '')) AS batch
       FROM stale s

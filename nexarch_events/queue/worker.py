@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import secrets
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
@@ -172,6 +173,13 @@ class WorkerPool:
         if missing:
             raise ConfigurationError(f"no handler registered for job type(s): {', '.join(missing)}")
         self.name = name or default_worker_name()
+        #: Who holds a job, in ``locked_by``: the name and a token drawn at
+        #: start, "<name>#<token>/<task>". The sweeper judges a dead process
+        #: by its jobs, and a claim keeps isolated jobs alone per process;
+        #: a restart under the same name (a container's "hostname:1", a
+        #: fixed --name) is another process to both (a review: it shielded
+        #: or was blocked by the dead one's jobs).
+        self.instance = f"{self.name}#{secrets.token_hex(4)}"
         #: Bounds every statement on the workers' own connections, so a
         #: half-open one is noticed (and replaced) within this.
         self.command_timeout = command_timeout
@@ -216,7 +224,7 @@ class WorkerPool:
             try:
                 async with trio.open_nursery() as workers:
                     for index in range(self.settings.workers):
-                        workers.start_soon(self._work, f"{self.name}/{index}")
+                        workers.start_soon(self._work, index)
                     task_status.started()
             finally:
                 self.finished.set()
@@ -259,7 +267,8 @@ class WorkerPool:
             finally:
                 self._shielded_scopes.discard(scope)
 
-    async def _work(self, worker_id: str) -> None:
+    async def _work(self, index: int) -> None:
+        worker_id = f"{self.instance}/{index}"
         outage = Outage(f"worker {worker_id}", log, max_delay=self.settings.reconnect_max)
         # Every job of a batch met an outage (the index or the database out
         # of reach): this task pauses before it claims again.
@@ -279,7 +288,7 @@ class WorkerPool:
                         conn = await Connection.open(
                             self.dsn, command_timeout=self.command_timeout,
                             connect_timeout=min(10.0, self.command_timeout),
-                            application_name=f"nexarch-events/worker/{worker_id}",
+                            application_name=f"nexarch-events/worker/{self.name}/{index}",
                             statement_cache_size=self.statement_cache_size)
                         queue = Queue(conn, self.settings)
                     if not jobs and not looked and not self._stopping:

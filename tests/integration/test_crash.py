@@ -123,7 +123,7 @@ async def test_sigkill_mid_job_is_taken_over_after_the_stale_timeout_and_done_on
         await wait_effect(procs.effects_path, "start", job, a)
         row = (await job_rows(db, [job]))[job]
         assert row["status"] == "processing"
-        assert row["locked_by"].startswith("a/")
+        assert row["locked_by"].startswith("a#")
 
         a.kill()
         assert await a.wait() == -signal.SIGKILL

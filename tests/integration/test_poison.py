@@ -16,6 +16,7 @@ import trio
 from nexarch_events.aio import Connection, Database
 from nexarch_events.models import JobStatus, JobType, NewJob
 from nexarch_events.queue.jobs import Queue
+from nexarch_events.queue.worker import WorkerPool
 from nexarch_events.settings import QueueSettings
 from tests.support.handlers import read_effects
 from tests.support.procs import WorkerProcess, WorkerProcesses, job_rows
@@ -141,14 +142,65 @@ async def test_a_restart_under_the_same_name_does_not_shield_the_dead_process_jo
         db: Database) -> None:
     """A container restarted as the same "hostname:1" had a live job the
     sweeper counted as the dead process's: the suspect ran "with another
-    job" and was refunded instead of failed (a review)."""
+    job" and was refunded instead of failed (a review). Each start draws
+    its own process identity, so the two are apart."""
+    async def noop(jobs: object) -> dict[int, object]:
+        return {}
+
     queue = Queue(db, QueueSettings(stale_after=0.3, heartbeat_interval=0.1))
+    first, second = (WorkerPool(queue, {"index": noop, "delete": noop},  # type: ignore[dict-item]
+                                name="box:1") for _ in range(2))
+    assert first.name == second.name == "box:1"
+    assert first.instance != second.instance
     [dead] = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", "d", {}, max_attempts=1)])
-    assert [j.id for j in await queue.claim(10, "box:1/0")] == [dead]
+    assert [j.id for j in await queue.claim(10, f"{first.instance}/0")] == [dead]
     await trio.sleep(0.5)
     [live] = await queue.enqueue_many([NewJob(JobType.INDEX, "acme", "l", {})])
-    assert [j.id for j in await queue.claim(10, "box:1/2")] == [live]  # the restarted one
+    assert [j.id for j in await queue.claim(10, f"{second.instance}/0")] == [live]
     assert await queue.reclaim_stale() == {dead: JobStatus.FAILED}
+
+
+async def test_a_dead_process_is_judged_once_all_its_jobs_are_stale(db: Database) -> None:
+    """Two jobs of one process go stale seconds apart (one was claimed after
+    the process's last heartbeat): the sweeper judged each in turn "alone"
+    and charged both (a review). Now it waits for the last, and the two,
+    having died together, are refunded and isolated."""
+    queue = Queue(db, QueueSettings(stale_after=30.0))
+    ids = [int(i) for i in await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"p{n}", {}, max_attempts=1) for n in range(2)])]
+    assert [j.id for j in await queue.claim(1, "host:7#a/0")] == ids[:1]
+    assert [j.id for j in await queue.claim(1, "host:7#a/1")] == ids[1:]
+    age = "UPDATE mail_index_jobs SET heartbeat_at = now() - $2::float8 * interval '1 s' " \
+          "WHERE id = $1"
+    await db.execute(age, ids[0], 31.0)
+    await db.execute(age, ids[1], 26.0)
+    assert await queue.reclaim_stale_jobs() == []
+    await db.execute(age, ids[1], 31.0)
+    reclaimed = await queue.reclaim_stale_jobs()
+    assert [(r.id, r.status, r.alone) for r in reclaimed] == \
+        [(i, JobStatus.PENDING, False) for i in ids]
+    assert {r["attempts"] for r in (await job_rows(db, ids)).values()} == {0}
+
+
+async def test_a_job_its_live_process_does_not_know_it_holds_is_taken_back(
+        db: Database) -> None:
+    """A process that holds a job unknowingly (its ack claimed it, and the
+    answer was lost) never heartbeats it. The sweeper waits for a process's
+    last job to go stale, which a busy process never lets happen; after
+    twice stale_after such a job is taken back anyway, uncharged."""
+    queue = Queue(db, QueueSettings(stale_after=30.0))
+    ids = [int(i) for i in await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"o{n}", {}, max_attempts=1) for n in range(2)])]
+    assert [j.id for j in await queue.claim(1, "host:8#b/0")] == ids[:1]
+    assert [j.id for j in await queue.claim(1, "host:8#b/1")] == ids[1:]  # live, fresh
+    await db.execute("UPDATE mail_index_jobs SET heartbeat_at = now() - interval '45 s' "
+                     "WHERE id = $1", ids[0])
+    assert await queue.reclaim_stale_jobs() == []
+    await db.execute("UPDATE mail_index_jobs SET heartbeat_at = now() - interval '61 s' "
+                     "WHERE id = $1", ids[0])
+    reclaimed = await queue.reclaim_stale_jobs()
+    assert [(r.id, r.status, r.alone) for r in reclaimed] == [(ids[0], JobStatus.PENDING, False)]
+    assert (await job_rows(db, ids))[ids[1]]["status"] == "processing"
 
 
 async def test_a_dead_batch_is_not_charged_and_its_jobs_then_run_alone(db: Database) -> None:
