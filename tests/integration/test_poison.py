@@ -138,6 +138,34 @@ async def test_while_an_isolated_job_runs_its_process_claims_nothing_else(
     assert sorted(j.id for j in await queue.claim(10, "host:2/0")) == others
 
 
+async def test_two_tasks_claiming_at_once_never_run_an_isolated_job_beside_others(
+        db: Database) -> None:
+    """Task 0 takes the isolated job; task 1 skipped its locked row, found
+    no isolated job ready once task 0 had committed, and took normal jobs
+    on a path that never looked whether its process runs one (a review: 38
+    of 2000 trials). Many trials, as the window is narrow."""
+    queue = Queue(db)
+    tasks = [await Connection.open(db.dsn) for _ in range(2)]
+    beside = 0
+    try:
+        for _ in range(400):
+            await db.execute("DELETE FROM mail_index_jobs")
+            ids = [int(i) for i in await queue.enqueue_many(
+                [NewJob(JobType.INDEX, "acme", f"m{n}", {}) for n in range(6)])]
+            await db.execute("UPDATE mail_index_jobs SET isolate = true WHERE id = $1", ids[0])
+            async with trio.open_nursery() as nursery:
+                for n, conn in enumerate(tasks):
+                    nursery.start_soon(Queue(conn).claim, 10, f"p:1#x/{n}")
+            running = await db.fetch("SELECT isolate FROM mail_index_jobs "
+                                     "WHERE status = 'processing'")
+            if any(r["isolate"] for r in running) and len(running) > 1:
+                beside += 1
+    finally:
+        for conn in tasks:
+            await conn.aclose()
+    assert beside == 0
+
+
 async def test_a_restart_under_the_same_name_does_not_shield_the_dead_process_job(
         db: Database) -> None:
     """A container restarted as the same "hostname:1" had a live job the
