@@ -270,6 +270,11 @@ class EventStream:
         # since (a retry while the listener was down moved that job's finish
         # past the watermark, and its outcome was never announced: an audit).
         fresh = first and self.resume is None
+        # A cursor from another database first: the resync for a lost job
+        # half kept an archive half that was ahead, pinned above every real
+        # id, and later replays found nothing (a review).
+        if first and self.resume is not None and await self._resynced_if_ahead():
+            return
         lost = None if fresh else await self.queue.cursor_lost(
             self._mark.job_id, tenant_slug=self.tenant)
         if lost is not None and (self._mark.job_id, lost) == self._lost_told:
@@ -288,8 +293,6 @@ class EventStream:
             await self._emit("resync", {
                 "v": 1, "event": "resync", "replayed": True,
                 "reason": f"{_LOST[lost]}: reload the state (/queue, /mailboxes)"})
-            return
-        if first and self.resume is not None and await self._resynced_if_ahead():
             return
         archived = await archived_after(self.db, self._mark.archive_id, tenant_slug=self.tenant,
                                         limit=MAX_REPLAY + 1)

@@ -41,18 +41,24 @@ async def env(db: Database, database_url: str,
         yield opened
 
 
-@pytest.mark.parametrize("ahead", ["archive", "job"])
+@pytest.mark.parametrize("ahead", ["archive", "job", "archive, job half lost"])
 async def test_a_last_event_id_ahead_of_the_database_is_resynced(env: Env, ahead: str) -> None:
     """A Last-Event-ID from another deployment or a database restored from
     a backup was accepted, and its archive half pinned every later event id
     above the real ones, so a resume from them never replayed a message.
     Either half above what this database ever allocated: one ``resync``,
-    then the stream goes on from the newest ids."""
+    then the stream goes on from the newest ids. Also when the job half
+    names a job whose place can no longer be told (job 0, once anything
+    was pruned): that resync kept the archive half ahead (a review)."""
     [old] = await env.import_mail("acme", "inbox", [message("before-future")])
     await env.wait_finished([old.job_id])
     assert old.job_id is not None
-    cursor = f"{old.archive_id + 1000}.{old.job_id}" if ahead == "archive" \
-        else f"{old.archive_id}.{old.job_id + 1000}"
+    cursor = {"archive": f"{old.archive_id + 1000}.{old.job_id}",
+              "job": f"{old.archive_id}.{old.job_id + 1000}",
+              "archive, job half lost": f"{old.archive_id + 1000}.0"}[ahead]
+    if ahead == "archive, job half lost":
+        await env.db.execute("UPDATE mail_index_jobs_pruned SET max_id = 1, "
+                             "max_finished_at = now(), max_finished_id = 1")
     async with open_events(env, env.tokens.acme, last_id=cursor) as events:
         opened = await events.next()
         assert (opened.event, opened.data["resumed"]) == ("open", True)

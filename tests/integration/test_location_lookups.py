@@ -63,6 +63,14 @@ async def import_all(conn: Connection, mailbox: str, uidvalidity: int) -> list[i
 ])
 async def test_importing_archived_messages_reads_a_few_entries_each(
         db: Database, mailbox: str, uidvalidity: int) -> None:
+    # As autovacuum may leave it: analyzed while empty (a fresh install; the
+    # test databases' template). The planner then took the table for a page
+    # of nothing and read every location per import until the next ANALYZE
+    # (CI under load, when autovacuum had got to the template: 428 entries
+    # read; migration 0047). Autovacuum is kept out so that the plan is
+    # made from these statistics.
+    await db.execute("ALTER TABLE mail_archive_locations SET (autovacuum_enabled = false)")
+    await db.execute("VACUUM ANALYZE mail_archive_locations")
     conn = await Connection.open(db.dsn)
     try:
         await import_all(conn, "inbox", 7)
