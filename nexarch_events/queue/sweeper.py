@@ -45,6 +45,7 @@ class Sweeper:
         #: The wait past an expired heartbeat whose lease the last sweep
         #: could not take (doubling while that lasts; see _sweep_once).
         self._stuck = 0.0
+        #: sweeps completed
         self.sweeps = 0
         self.reclaimed = 0
         self.due_wakeups = 0
@@ -111,7 +112,6 @@ class Sweeper:
     async def _sweep_once(self) -> float:
         """Reclaim, wake for what is due, and return when to look again."""
         s = self.settings
-        self.sweeps += 1
         reclaimed = await self.queue.reclaim_stale_jobs()
         if reclaimed:
             self.reclaimed += len(reclaimed)
@@ -148,4 +148,5 @@ class Sweeper:
             wake_at = min(wake_at, now + max(stale_at, 0.0) + max(0.05, self._stuck))
         else:
             self._stuck = 0.0
+        self.sweeps += 1
         return wake_at

@@ -1409,6 +1409,12 @@ async def test_events_resume_after_a_requeued_job_says_so(env: Env) -> None:
         got = await events.until(lambda e: e.event == "resync" or away.job_id in job_ids([e]))
         assert got[-1].event == "resync", [(e.event, e.data) for e in got]
         assert "re-queued" in got[-1].data["reason"]
+        # The archive half of the cursor still holds: what was archived
+        # since is replayed (it jumped to the newest, and a message archived
+        # while the listener was down was never announced: CI under load).
+        then = await events.until(lambda e: e.event == "imported")
+        assert imported_ids(then) == [away.archive_id]
+        assert then[-1].data["replayed"] is True
 
 
 async def test_a_resume_from_another_tenants_job_tells_nothing_about_it(env: Env) -> None:
