@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from nexarch_events.aio import Database
+from nexarch_events.aio import Connection, Database
 from nexarch_events.index.base import SearchQuery
 from nexarch_events.index.postgres import PostgresIndex, detect_configs
 from tests.integration.test_index_contract import doc
@@ -215,3 +215,36 @@ async def test_a_lock_timeout_is_an_outage_of_the_index_not_a_refusal_of_its_dat
                              "CHECK (body NOT LIKE '%zebra%') NOT VALID")
         with pytest.raises(IndexRejected, match="23514"):
             await index.upsert([doc(3, body="a zebra")])
+
+
+async def test_a_relevance_page_is_the_same_page_when_parallel_plans_are_cheap(
+        db: Database) -> None:
+    """Pages are slices of one order: storage order, which a parallel plan
+    does not keep (Gather returns the workers' rows as they come). With
+    parallel plans made cheap, one page asked for ten times listed other
+    messages (a review: 5 contents in 8 calls); migration 0048 keeps the
+    search in one process."""
+    await db.execute("""
+        INSERT INTO mail_search_documents (
+            tenant_slug, archive_id, subject, sender, sender_addresses, recipients, body,
+            attachment_names, attachment_text, sent_at, received_at, mailboxes, size_bytes,
+            search)
+        SELECT 'acme', n, 'subject ' || n, 'x', ARRAY['a@example.org'], '',
+               repeat('common body ', 40), '', '', now() - n * interval '1 minute', now(),
+               ARRAY['INBOX'], 10, to_tsvector('simple', 'common ' || (n % 97) || ' body')
+          FROM generate_series(1, 40000) AS n""")
+    await db.execute("VACUUM ANALYZE mail_search_documents")
+    conn = await Connection.open(db.dsn)
+    try:
+        for setting in ("parallel_setup_cost = 0", "parallel_tuple_cost = 0",
+                        "min_parallel_table_scan_size = 0", "min_parallel_index_scan_size = 0",
+                        "max_parallel_workers_per_gather = 4"):
+            await conn.execute(f"SET {setting}")
+        index = PostgresIndex(conn)
+        pages = set()
+        for _ in range(10):
+            result = await index.search(SearchQuery("acme", "common", limit=50, offset=400))
+            pages.add(tuple(hit.archive_id for hit in result.hits))
+    finally:
+        await conn.aclose()
+    assert len(pages) == 1, [page[:5] for page in pages]
