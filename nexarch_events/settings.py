@@ -71,10 +71,15 @@ class QueueSettings:
         _positive_float("queue.retain_failed", self.retain_failed, allow_zero=True)
         if self.heartbeat_interval is not None:
             _positive_float("queue.heartbeat_interval", self.heartbeat_interval)
-            if self.heartbeat_interval >= self.stale_after:
+            # A lease is confirmed every interval plus a round trip; one late
+            # heartbeat must not make it stale (the sweeper would hand the
+            # job on), nor look lost to the worker's own lease watch (it
+            # stopped healthy jobs for ever: a review).
+            if self.heartbeat_interval > self.stale_after / 2:
                 raise ConfigurationError(
-                    f"queue.heartbeat_interval ({self.heartbeat_interval}) must be shorter "
-                    f"than queue.stale_after ({self.stale_after}), or live workers lose their jobs")
+                    f"queue.heartbeat_interval ({self.heartbeat_interval}) must be at most "
+                    f"half of queue.stale_after ({self.stale_after}), or live workers lose "
+                    "their jobs")
         if self.reconnect_min > self.reconnect_max:
             raise ConfigurationError("queue.reconnect_min must not exceed queue.reconnect_max")
 

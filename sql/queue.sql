@@ -167,7 +167,9 @@ SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
 -- A process's name is unique per start (WorkerPool.instance), so a restart
 -- under the same name is another process. One exception: a job stale for
 -- twice $1 beside fresh ones of its process (one the process does not know
--- it holds) is taken back without waiting for them, not charged.
+-- it holds: a claim's or an ack's answer was lost, and handing it back
+-- failed too) is taken back without waiting for them, not charged. Held
+-- alone by a live, idle process, such a job is judged like any other.
 WITH stale AS (
     SELECT j.id, j.locked_by
       FROM mail_index_jobs j

@@ -139,7 +139,9 @@ def lease_watch_limit(stale_after: float, heartbeat_interval: float) -> float:
     the sweeper may hand the job on. The margin is one heartbeat interval
     (the default interval, stale_after / 4, gives 3/4 of stale_after), or
     half the gap between interval and stale_after if that is smaller, so
-    the limit always lies between the two. It was ``max(stale_after -
+    the limit always lies between the two; with the interval at most half
+    of stale_after (the settings see to it), the limit is at least 1.5
+    intervals, room for a late heartbeat. It was ``max(stale_after -
     interval, interval)``: with an interval of half stale_after or more, a
     lease looked lost just before the heartbeat that confirmed it, and a
     healthy job longer than an interval was stopped and re-run for ever (a
@@ -283,6 +285,7 @@ class WorkerPool:
         looked = False
         try:
             while not self._stopping:
+                claiming = False
                 try:
                     if conn is None:
                         conn = await Connection.open(
@@ -292,6 +295,7 @@ class WorkerPool:
                             statement_cache_size=self.statement_cache_size)
                         queue = Queue(conn, self.settings)
                     if not jobs and not looked and not self._stopping:
+                        claiming = True
                         jobs = await queue.claim(self.settings.batch_size, worker_id)
                 except (DatabaseTransient, trio.TooSlowError) as exc:
                     # A refused statement (a timeout, a lock, a deadlock) leaves
@@ -302,6 +306,9 @@ class WorkerPool:
                     if conn is not None and not usable:
                         conn.abort()
                         conn = None
+                    if claiming and not usable:
+                        # The claim may have committed with its answer lost.
+                        await self._hand_back_unknown(worker_id, [], "a claim")
                     await self._pause(outage.failed(exc))
                     continue
                 outage.ok()
@@ -391,18 +398,8 @@ class WorkerPool:
                 await self._settle(done, unfinished, queue, worker_id)
                 if lost_answer:
                     # The ack may have committed, and claimed a batch with
-                    # it that this worker never heard of. Not reachable
-                    # now: the sweeper takes them back when their leases
-                    # expire.
-                    try:
-                        released = await queue.release_unknown(worker_id,
-                                                               [j.id for j in jobs])
-                    except DatabaseTransient:
-                        released = []
-                    if released:
-                        self.stats.released += len(released)
-                        log.info("handed back jobs %s, claimed by an ack whose answer was "
-                                 "lost", released)
+                    # it that this worker never heard of.
+                    await self._hand_back_unknown(worker_id, [j.id for j in jobs], "an ack")
             if settle_scope.cancelled_caught:
                 self.stats.unrecorded += len(jobs)
                 why = "stopping now" if self._forced else \
@@ -420,6 +417,23 @@ class WorkerPool:
         elif done:
             handler_outage.ok()
         return next_jobs
+
+    async def _hand_back_unknown(self, worker_id: str, known: list[JobId], what: str) -> None:
+        """Hand back (attempt refunded) the jobs ``worker_id`` holds besides
+        ``known``: claimed by a statement whose answer was lost (a command
+        timeout or a cut after the commit). Through the pool; if Postgres is
+        out of reach there too, the sweeper takes them back when their
+        leases expire. Without this, a job a timed-out claim took sat until
+        stale_after and was then charged as a suspect (a review)."""
+        try:
+            with trio.move_on_after(self.command_timeout):
+                released = await self.queue.release_unknown(worker_id, known)
+                if released:
+                    self.stats.released += len(released)
+                    log.info("handed back jobs %s, claimed by %s whose answer was lost",
+                             released, what)
+        except DatabaseTransient:
+            pass
 
     def _count(self, result: AckResult,
                done: Sequence[tuple[ClaimedJob, Failure | None]] = ()) -> None:

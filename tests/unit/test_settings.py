@@ -27,9 +27,11 @@ def test_bad_settings_name_the_key(env: dict[str, str], message: str) -> None:
         Settings.from_env(env)
 
 
-def test_heartbeat_must_beat_faster_than_the_stale_timeout() -> None:
-    with pytest.raises(ConfigurationError, match="heartbeat_interval"):
-        QueueSettings(stale_after=5, heartbeat_interval=5)
+@pytest.mark.parametrize("interval", [5.0, 4.9, 2.6])
+def test_heartbeat_must_beat_at_least_twice_per_stale_timeout(interval: float) -> None:
+    with pytest.raises(ConfigurationError, match=r"heartbeat_interval.*at most half"):
+        QueueSettings(stale_after=5, heartbeat_interval=interval)
+    assert QueueSettings(stale_after=5, heartbeat_interval=2.5).heartbeat_interval == 2.5
 
 
 def test_database_url_from_a_secret_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
