@@ -17,9 +17,10 @@ RETURNING id;
 
 -- name: claim
 -- $1 limit, $2 worker id. Claims up to $1 ready jobs in one statement; the
--- statement and the reasons for each clause are in migration 0004.
+-- statement and the reasons for each clause are in migrations 0004 to 0046;
+-- it holds the worker's lock until it commits (0049: a hand-back waits for it).
 SELECT id, job_type, tenant_slug, message_id, payload, attempts, max_attempts, lease, created_at
-  FROM mail_index_jobs_claim($1::int, $2::text);
+  FROM mail_index_jobs_claim_fenced($1::int, $2::text);
 
 -- name: ack
 -- One statement acknowledges a whole batch, successes and failures alike
@@ -35,8 +36,8 @@ SELECT id, status
 -- trip. Rows with acked = true are ack results, the others claimed jobs.
 SELECT acked, id, status, job_type, tenant_slug, message_id, payload, attempts,
        max_attempts, lease, created_at
-  FROM mail_index_jobs_ack_and_claim($1::bigint[], $2::uuid[], $3::text[], $4::bool[],
-                                     $5::float8, $6::int, $7::int, $8::text);
+  FROM mail_index_jobs_ack_and_claim_fenced($1::bigint[], $2::uuid[], $3::text[], $4::bool[],
+                                            $5::float8, $6::int, $7::int, $8::text);
 
 -- name: heartbeat
 -- $1 ids, $2 leases. Returns the ids whose lease is still held. Rows are
@@ -82,34 +83,13 @@ wake AS (
 SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
 
 -- name: release_unknown
--- Jobs worker $1 holds that it does not know it holds: claimed by an ack
--- whose answer never came back (a command timeout after the commit), none
--- of $2 (the jobs it knows), claimed within $3 seconds (stale_after: an
--- older one is a dead process's of the same name, the sweeper's to judge).
--- Handed back as a shutdown hands them back (attempt refunded); without
--- this they waited out stale_after and were charged as suspects (a queue
--- audit).
-WITH released AS (
-    UPDATE mail_index_jobs j
-       SET status = 'pending',
-           attempts = GREATEST(j.attempts - 1, 0),
-           available_at = now(),
-           lease = NULL, locked_at = NULL, locked_by = NULL, heartbeat_at = NULL,
-           updated_at = now()
-     WHERE j.status = 'processing'
-       AND j.locked_by = $1::text
-       AND NOT (j.id = ANY ($2::bigint[]))
-       AND j.heartbeat_at >= now() - $3::float8 * interval '1 second'
- RETURNING j.id
-),
-wake AS (
-    SELECT pg_notify('nexarch_index_jobs', json_build_object(
-               'v', 1, 'event', 'released', 'ready', count(*),
-               'first_id', min(id), 'last_id', max(id), 'next_due', NULL)::text)
-      FROM released
-    HAVING count(*) > 0
-)
-SELECT r.id FROM released r WHERE (SELECT count(*) FROM wake) >= 0;
+-- Jobs worker $1 holds that it does not know it holds: claimed by a claim or
+-- an ack whose answer never came back (a command timeout after the commit),
+-- none of $2 (the jobs it knows). Handed back as a shutdown hands them back
+-- (attempt refunded); without this they waited out stale_after and were
+-- charged as suspects (a queue audit). The function first waits for a claim
+-- of the worker still running on the server (migration 0049).
+SELECT id FROM mail_index_jobs_release_unknown($1::text, $2::bigint[]) AS r(id);
 
 -- name: postpone
 -- Jobs that met an outage (models.Failure.outage: the index or the database
@@ -168,8 +148,9 @@ SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
 -- under the same name is another process. One exception: a job stale for
 -- twice $1 beside fresh ones of its process (one the process does not know
 -- it holds: a claim's or an ack's answer was lost, and handing it back
--- failed too) is taken back without waiting for them, not charged. Held
--- alone by a live, idle process, such a job is judged like any other.
+-- failed too) is taken back without waiting for them, not charged and not
+-- isolated (it never ran). Held alone by a live, idle process, such a job is
+-- judged like any other.
 WITH stale AS (
     SELECT j.id, j.locked_by
       FROM mail_index_jobs j
@@ -186,12 +167,16 @@ WITH stale AS (
        FOR UPDATE SKIP LOCKED
 ),
 claims AS (
-    SELECT s.id, (SELECT count(*)
-                    FROM mail_index_jobs o
-                   WHERE o.status = 'processing'
-                     AND regexp_replace(o.locked_by, '/[^/]*$', '')
-                         = regexp_replace(s.locked_by, '/[^/]*$', '')) AS batch
-      FROM stale s
+    SELECT s.id, p.batch, p.fresh
+      FROM stale s,
+           LATERAL (SELECT count(*) AS batch,
+                           count(*) FILTER (
+                               WHERE o.heartbeat_at >= now() - $1::float8 * interval '1 second')
+                               AS fresh
+                      FROM mail_index_jobs o
+                     WHERE o.status = 'processing'
+                       AND regexp_replace(o.locked_by, '/[^/]*$', '')
+                           = regexp_replace(s.locked_by, '/[^/]*$', '')) p
 ),
 moved AS (
     UPDATE mail_index_jobs j
@@ -199,8 +184,15 @@ moved AS (
                          THEN 'failed' ELSE 'pending' END,
            finished_at = CASE WHEN c.batch = 1 AND j.attempts >= j.max_attempts THEN now() END,
            attempts = CASE WHEN c.batch = 1 THEN j.attempts ELSE GREATEST(j.attempts - 1, 0) END,
-           isolate = true,
+           -- A job taken back from a live process (fresh) never ran there:
+           -- no suspect, so it runs as it would have (isolated, every other
+           -- claim anywhere would wait for it).
+           isolate = CASE WHEN c.fresh > 0 THEN j.isolate ELSE true END,
            last_error = CASE
+               WHEN c.fresh > 0 THEN format(
+                   'taken back from worker %s, which held it without running it (no '
+                   'heartbeat for %s s while its process renewed others); attempt not counted',
+                   j.locked_by, 2 * $1::float8)
                WHEN c.batch = 1 THEN format(
                    'suspected of killing its worker: worker %s died (no heartbeat for %s s) '
                    'while running this job alone (attempt %s of %s)',

@@ -184,10 +184,10 @@ class Queue:
         return sorted(JobId(row["id"]) for row in rows)
 
     async def release_unknown(self, worker_id: str, known: Sequence[JobId]) -> list[JobId]:
-        """Hand back the jobs ``worker_id`` holds but does not know of (an
-        ack_and_claim whose answer was lost), refunding their attempt."""
-        rows = await self.db.fetch(_SQL["release_unknown"], worker_id, [int(i) for i in known],
-                                   float(self.settings.stale_after))
+        """Hand back the jobs ``worker_id`` holds but does not know of (a
+        claim or an ack_and_claim whose answer was lost), refunding their
+        attempt. Waits for a claim of ``worker_id`` still running."""
+        rows = await self.db.fetch(_SQL["release_unknown"], worker_id, [int(i) for i in known])
         return sorted(JobId(row["id"]) for row in rows)
 
     # -- sweeper ---------------------------------------------------------------

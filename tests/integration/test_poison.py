@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from nexarch_events.aio import Connection, Database
-from nexarch_events.models import JobStatus, JobType, NewJob
+from nexarch_events.models import JobId, JobStatus, JobType, NewJob
 from nexarch_events.queue.jobs import Queue
 from nexarch_events.queue.worker import WorkerPool
 from nexarch_events.settings import QueueSettings
@@ -228,7 +228,32 @@ async def test_a_job_its_live_process_does_not_know_it_holds_is_taken_back(
                      "WHERE id = $1", ids[0])
     reclaimed = await queue.reclaim_stale_jobs()
     assert [(r.id, r.status, r.alone) for r in reclaimed] == [(ids[0], JobStatus.PENDING, False)]
-    assert (await job_rows(db, ids))[ids[1]]["status"] == "processing"
+    rows = await job_rows(db, ids)
+    assert rows[ids[1]]["status"] == "processing"
+    # It never ran there: no suspect, so not isolated (an isolated job ready
+    # holds up every other claim until it has run: a review).
+    assert (rows[ids[0]]["attempts"], rows[ids[0]]["isolate"]) == (0, False)
+    assert "without running it" in rows[ids[0]]["last_error"]
+
+
+async def test_a_hand_back_takes_its_jobs_whatever_their_age(db: Database) -> None:
+    """With the default timeouts (a command timeout of 60 s, stale_after 30 s)
+    a worker notices a claim's lost answer when the jobs it took are older
+    than stale_after. The hand-back left out such jobs (they were a dead
+    process's of the same name, before each start had its own name), so it
+    left out every job it was meant for (a review). Another task's jobs, and
+    the jobs the task knows, stay where they are."""
+    queue = Queue(db, QueueSettings(stale_after=30.0))
+    ids = [int(i) for i in await queue.enqueue_many(
+        [NewJob(JobType.INDEX, "acme", f"h{n}", {}) for n in range(4)])]
+    assert [j.id for j in await queue.claim(2, "host:9#c/0")] == ids[:2]
+    assert [j.id for j in await queue.claim(1, "host:9#c/1")] == ids[2:3]
+    assert [j.id for j in await queue.claim(1, "host:9#d/0")] == ids[3:]
+    await db.execute("UPDATE mail_index_jobs SET heartbeat_at = now() - interval '61 s'")
+    assert await queue.release_unknown("host:9#c/0", [JobId(ids[1])]) == [ids[0]]
+    rows = await job_rows(db, ids)
+    assert (rows[ids[0]]["status"], rows[ids[0]]["attempts"]) == ("pending", 0)
+    assert [rows[i]["status"] for i in ids[1:]] == ["processing"] * 3
 
 
 async def test_a_dead_batch_is_not_charged_and_its_jobs_then_run_alone(db: Database) -> None:

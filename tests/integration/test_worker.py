@@ -501,6 +501,60 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_at_on
     assert status.last_error is None or "suspected" not in status.last_error
 
 
+async def test_a_hand_back_waits_for_a_claim_still_running_on_the_server(
+        db: Database, settings: Settings) -> None:
+    """The claim's answer was lost because the claim itself was still running
+    on the server (here: waiting for its process's lock) when the command
+    timeout struck. The hand-back ran at once, found nothing of the worker's,
+    and the claim committed after it: the job stayed 'processing', held by
+    nobody, until stale_after (a review). The hand-back now waits for the
+    worker's claim in flight (migration 0049), then hands back what it took.
+    The command timeout (3 s) is above the 2 s the test needs to see the
+    hand-back waiting; stale_after (30 s) is above the test's wait, so only the
+    hand-back can make the job run."""
+    from dataclasses import replace
+
+    from nexarch_events.aio import Connection
+
+    settings = replace(settings.with_queue(workers=1, stale_after=30.0), command_timeout=3.0)
+    runs: list[int] = []
+    ran = trio.Event()
+
+    async def handler(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        runs.extend(job.attempts for job in jobs)
+        ran.set()
+        return {}
+
+    service = QueueService(db, settings, {"index": handler, "delete": handler})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        blocker = await Connection.open(db.dsn)
+        try:
+            # The claim picks its rows, then waits for its process's lock
+            # (migration 0046) beyond the command timeout.
+            await blocker.execute("SELECT pg_advisory_lock(1312902725, hashtext($1))",
+                                  service.pool.instance)
+            job_id = await Queue(db).enqueue_index("acme", "claim-in-flight", {})
+            waiting_hand_back = False
+            with trio.move_on_after(15):
+                while not waiting_hand_back:
+                    await trio.sleep(0.05)
+                    waiting_hand_back = bool(await db.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE '%mail_index_jobs_release_unknown%'"))
+            await blocker.execute("SELECT pg_advisory_unlock(1312902725, hashtext($1))",
+                                  service.pool.instance)
+        finally:
+            await blocker.aclose()
+        with trio.move_on_after(10):  # not stale_after (30 s)
+            await ran.wait()
+        status = await Queue(db).status(job_id)
+        service.cancel()
+    assert runs == [1], f"the job ran {runs} times; it is {status.status} ({status.last_error})"
+    assert waiting_hand_back, "the hand-back did not wait for the claim in flight"
+    assert status.last_error is None or "suspected" not in status.last_error
+
+
 async def test_jobs_claimed_by_an_ack_whose_answer_was_lost_are_handed_back_at_once(
         db: Database, settings: Settings) -> None:
     """The ack of a batch committed, with the next batch claimed in the same
