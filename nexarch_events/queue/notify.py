@@ -49,10 +49,12 @@ class Notification:
     def json(self) -> JSONObject:
         """The payload parsed; {} if it is not a JSON object (a foreign NOTIFY),
         or holds NaN or Infinity, which no JSON we write does and none we
-        send may (an event stream that passed one on died of it)."""
+        send may (an event stream that passed one on died of it), or is
+        nested deeper than Python's recursion limit (8,000 bytes of "[" ended
+        every event stream and the service: a review)."""
         try:
             value = json.loads(self.payload, parse_constant=_no_constant)
-        except ValueError:
+        except (ValueError, RecursionError):
             return {}
         return cast(JSONObject, value) if isinstance(value, dict) else {}
 

@@ -555,6 +555,32 @@ async def test_a_hand_back_waits_for_a_claim_still_running_on_the_server(
     assert status.last_error is None or "suspected" not in status.last_error
 
 
+async def test_a_deeply_nested_foreign_notification_is_ignored(
+        db: Database, settings: Settings) -> None:
+    """Anyone who may NOTIFY can send 8,000 bytes of "[" on our channels
+    (docs/events.md invites producers to notify the jobs channel): parsing it
+    raised RecursionError, which is no database error, and ended the service
+    (a review). It is a foreign payload like any other now."""
+    ran = trio.Event()
+
+    async def handler(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        ran.set()
+        return {}
+
+    service = QueueService(db, settings.with_queue(workers=1),
+                           {"index": handler, "delete": handler})
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        for channel in ("nexarch_index_jobs", "nexarch_job_events"):
+            await db.execute("SELECT pg_notify($1, repeat('[', 7990))", channel)
+        await trio.sleep(0.5)  # the listener has them before the job's
+        await Queue(db).enqueue_index("acme", "after-the-nested", {})
+        with trio.move_on_after(10):
+            await ran.wait()
+        service.cancel()
+    assert ran.is_set()
+
+
 async def test_jobs_claimed_by_an_ack_whose_answer_was_lost_are_handed_back_at_once(
         db: Database, settings: Settings) -> None:
     """The ack of a batch committed, with the next batch claimed in the same

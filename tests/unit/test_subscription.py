@@ -38,3 +38,7 @@ def test_foreign_payloads_parse_to_empty() -> None:
     for payload in ('{"v": 1, "error": NaN}', '{"x": Infinity}', '{"x": -Infinity}'):
         assert Notification("ch", payload, 0.0).json() == {}
     assert Notification("ch", '{"v": 1}', 0.0).json() == {"v": 1}
+    # Nested past the recursion limit (a NOTIFY payload may hold 8,000 bytes):
+    # json.loads raises RecursionError, which ended every event stream.
+    for payload in ("[" * 7990, '{"v": ' + "[" * 7990, "{" * 7990):
+        assert Notification("ch", payload, 0.0).json() == {}
