@@ -56,6 +56,7 @@ before them committed with its advance; they are fetched again.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -99,6 +100,8 @@ P = ParamSpec("P")
 _SIZES = "(UID RFC822.SIZE)"
 _BODIES = "(UID RFC822.SIZE INTERNALDATE BODY.PEEK[])"
 _MISMATCH = "size mismatch"
+#: A recorded size mismatch and how many attempts in a row gave exactly it.
+_STREAK = re.compile(r"(.*?)(?: \(the same on (\d+) attempts in a row\))?", re.DOTALL)
 
 
 class MailboxBusy(NexarchError):
@@ -210,7 +213,7 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
                     "by content hash")
     window = _Window(store, tenant, name, start.fetch_window, limits)
     run = _Run(store, config, session, limits, report, status.uidvalidity, window,
-               spare if limits.in_flight > 1 else None)
+               spare if limits.in_flight > 1 else None, status.uidnext)
     # The failures recorded before this run (not those it records).
     await run.load_failures()
     while True:
@@ -291,9 +294,12 @@ class _Window:
 class _Run:
     def __init__(self, store: StateStore, config: MailboxConfig, session: ImapSession,
                  limits: ImportLimits, report: SyncReport, uidvalidity: int,
-                 window: _Window, spare: SpareConnections | None) -> None:
+                 window: _Window, spare: SpareConnections | None,
+                 uidnext: int | None = None) -> None:
         self.store, self.config, self.session = store, config, session
         self.limits, self.report, self.uidvalidity = limits, report, uidvalidity
+        #: UIDNEXT as the server stated it at EXAMINE (None: not stated).
+        self.uidnext = uidnext
         self.window = window
         self.spare = spare
         self.pending: dict[int, PendingFailure] = {}
@@ -541,12 +547,14 @@ class _Run:
         if problem is None:
             assert got.body is not None
             problem = _suspicious(got)
-            if problem is not None and self._accept_mismatch(uid, problem):
-                note = f"{problem} (archived after {self.limits.accept_mismatch_after} " \
-                       "attempts with the same result)"
+            streak = self._mismatch_streak(uid, problem) if problem is not None else 0
+            if problem is not None and streak >= self.limits.accept_mismatch_after:
+                note = f"{problem} (archived after {streak} attempts with the same result)"
                 problem = None
+            elif streak > 1:
+                problem = f"{problem} (the same on {streak} attempts in a row)"
         if problem is not None:
-            await self._failed(uid, problem, retry=retry)
+            await self._failed(uid, problem, retry=retry, arrived=True)
             return
         assert got.body is not None
         if note is not None:
@@ -566,16 +574,20 @@ class _Run:
                                   note=note)
         self.after = uid
 
-    def _accept_mismatch(self, uid: int, problem: str) -> bool:
-        """A size mismatch seen on every attempt so far, on the attempt that
-        reaches the limit: the server will never say otherwise."""
+    def _mismatch_streak(self, uid: int, problem: str) -> int:
+        """For a size mismatch: how many attempts in a row, this one
+        included, gave exactly ``problem`` (the same RFC822.SIZE and the same
+        length received; the count is kept in the recorded error). Any other
+        problem: 0. Any mismatch on the third attempt was archived, even
+        truncations of a different length each time, or after failures of
+        another kind (a review)."""
         if not problem.startswith(_MISMATCH):
-            return False
+            return 0
         before = self.pending.get(uid)
-        attempts = 0
-        if before is not None and before.last_error.startswith(_MISMATCH):
-            attempts = before.attempts
-        return attempts + 1 >= self.limits.accept_mismatch_after
+        match = _STREAK.fullmatch(before.last_error) if before is not None else None
+        if match is None or match.group(1) != problem:
+            return 1
+        return int(match.group(2) or 1) + 1
 
     async def _untrusted(self, item: FetchedItem) -> None:
         self.report.warn("FETCH returned a message with UID 0 or no UID: UIDs of this "
@@ -593,9 +605,22 @@ class _Run:
                 return
             self.report.untrusted += 1
 
-    async def _failed(self, uid: int, problem: str, *, retry: bool) -> None:
+    async def _failed(self, uid: int, problem: str, *, retry: bool,
+                      arrived: bool = False) -> None:
         """Record ``uid``'s failure (and, unless ``retry``, advance past it),
-        once everything in flight has settled."""
+        once everything in flight has settled.
+
+        A UID of which nothing ``arrived``, at or above the UIDNEXT the
+        server stated, is recorded without advancing past it: nothing shows
+        it exists. A server that listed UID 4000000000 in its UID SEARCH and
+        then had no such message moved the watermark there, and the mail it
+        received later (UIDs 7, 8, ...) was never imported (a review)."""
+        if not retry and not arrived and self.uidnext is not None and uid >= self.uidnext:
+            self.report.warn(
+                f"the server listed UID {uid}, at or above its UIDNEXT {self.uidnext}, and "
+                "sent nothing for it: recorded as failed without passing over it (mail "
+                "below it still comes in)")
+            retry = True
         await self._settle()
         await self._record(self.store, uid, problem, retry=retry)
         if not retry:

@@ -160,6 +160,10 @@ class Faults:
     exists_override: int | None = None
     # Called with each command line as received (e.g. to deliver mail mid-sync).
     on_command: Callable[[str], None] | None = None
+    # UID SEARCH lists these UIDs too, whatever was asked; no message has
+    # them, so a FETCH answers OK with no data (a server whose index is out
+    # of step with its store).
+    phantom_search_uids: set[int] = field(default_factory=set)
 
 
 @dataclass(frozen=True)
@@ -626,6 +630,7 @@ class ScriptedImapServer:
                 found &= resolve_uid_set(next(criteria, ""), everything)
             elif key.upper() != "ALL":
                 raise _BadCommand(f"Unsupported search key {key}")
+        found |= self.faults.phantom_search_uids
         await connection.send(" ".join(["* SEARCH", *map(str, sorted(found))]))
         await self._report_exists(connection)
         await connection.send(f"{tag} OK Search completed.")

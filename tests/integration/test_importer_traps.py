@@ -97,6 +97,29 @@ async def test_n_star_returning_the_last_message_is_not_reimported(db: Database)
     assert await db.fetchval("SELECT count(*) FROM mail_index_jobs") == before
 
 
+async def test_a_searched_uid_beyond_uidnext_that_never_arrives_keeps_later_mail_coming(
+        db: Database) -> None:
+    """UID SEARCH listed UID 4000000000, above the UIDNEXT the server stated,
+    and a FETCH of it brought nothing. It was recorded as failed and the
+    watermark moved to it, so the mail the server received afterwards (UIDs
+    3 and 4) was never imported (a review). Such a UID is recorded without
+    passing over it; a real message past UIDNEXT (delivered after EXAMINE)
+    still comes in."""
+    phantom = 4_000_000_000
+    async with open_scripted_imap(messages([1, 2])) as server:
+        server.faults.phantom_search_uids = {phantom}
+        await sync(db, server)
+        assert (await state(db)).last_synced_uid == 2
+        server.add_message(message(3))
+        server.add_message(message(4))
+        await sync(db, server)
+    assert [u for _, u in await locations(db)] == [1, 2, 3, 4]
+    assert (await state(db)).last_synced_uid == 4
+    rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+    assert list(rows) == [phantom]
+    assert rows[phantom]["attempts"] >= 2  # asked for on each run, visibly
+
+
 async def test_sparse_uids_are_enumerated_not_walked(db: Database) -> None:
     uids = [7, 743_024_218, 743_031_307, 4_000_000_000]
     async with open_scripted_imap(messages(uids)) as server:
@@ -319,6 +342,33 @@ async def test_a_substitute_or_a_size_mismatch_is_never_archived_as_the_message(
     assert await StateStore(db).failures(TENANT, NAME) == []
     raws = [r["raw"] for r in await db.fetch("SELECT raw FROM mail_archive")]
     assert substitute_body(2) not in raws
+
+
+async def test_only_the_same_size_mismatch_on_every_attempt_is_archived(
+        db: Database) -> None:
+    """A body cut at another length on each attempt is a server failing, not
+    a wrong size count: the third mismatch of any kind was archived as the
+    message (a review). Now only the same mismatch on
+    accept_mismatch_after attempts in a row is; the count restarts when the
+    result changes."""
+    full = message(2, " the whole body")
+
+    def cut_by(n: int) -> list[ScriptedMessage]:
+        return [ScriptedMessage(1, message(1)),
+                ScriptedMessage(2, full[:-n], size=len(full))]
+
+    async with open_scripted_imap(cut_by(12)) as server:
+        for n in (12, 10, 10):  # 1st, then another length twice: a streak of 2
+            server.set_messages(cut_by(n), uidvalidity=1)
+            await sync(db, server)
+            assert await locations(db) == [(1, 1)], f"archived when cut by {n}"
+        [row] = await StateStore(db).failures(TENANT, NAME)
+        assert row["last_error"].endswith("(the same on 2 attempts in a row)")
+        await sync(db, server)  # the same a third time in a row: archived
+    assert await locations(db) == [(1, 1), (1, 2)]
+    note = await db.fetchval("SELECT import_note FROM mail_archive_locations WHERE uid = 2")
+    assert note == (f"size mismatch: RFC822.SIZE {len(full)}, received {len(full) - 10} bytes"
+                    " (archived after 3 attempts with the same result)")
 
 
 @pytest.mark.parametrize(("code", "backoff_ms"), [("UNAVAILABLE", 300), ("THROTTLED", None),
