@@ -100,6 +100,8 @@ P = ParamSpec("P")
 _SIZES = "(UID RFC822.SIZE)"
 _BODIES = "(UID RFC822.SIZE INTERNALDATE BODY.PEEK[])"
 _MISMATCH = "size mismatch"
+_DOUBLED = ("the server answered this UID with two different messages (both archived "
+            "without a location)")
 #: A recorded size mismatch and how many attempts in a row gave exactly it.
 _STREAK = re.compile(r"(.*?)(?: \(the same on (\d+) attempts in a row\))?", re.DOTALL)
 
@@ -448,17 +450,23 @@ class _Run:
         arrived: dict[int, FetchedItem] = {}
         waiting_bytes = 0
         settled: set[int] = set()
+        #: UIDs answered with two different messages: neither is theirs.
+        doubled: set[int] = set()
         order: list[int] = []
         next_index = 0
 
         async def settle_ready() -> None:
             nonlocal next_index, waiting_bytes
-            while next_index < len(uids) and uids[next_index] in arrived:
+            while next_index < len(uids) and (uids[next_index] in arrived
+                                              or uids[next_index] in doubled):
                 uid = uids[next_index]
                 next_index += 1
-                got = arrived.pop(uid)
-                waiting_bytes -= len(got.body or b"")
-                await self._store(uid, got, retry=retry)
+                got = arrived.pop(uid, None)
+                if got is None:
+                    await self._failed(uid, _DOUBLED, retry=retry, arrived=True)
+                else:
+                    waiting_bytes -= len(got.body or b"")
+                    await self._store(uid, got, retry=retry)
                 settled.add(uid)
 
         async def on_item(item: FetchedItem) -> None:
@@ -473,8 +481,25 @@ class _Run:
                 # own UID when it is due.
                 self.report.warn(f"FETCH returned UID {item.uid}, which was not asked for "
                                  "(ignored)")
+            elif item.uid in arrived and item.body == arrived[item.uid].body:
+                self.report.warn(f"FETCH returned UID {item.uid} twice (the same message)")
             elif item.uid in arrived or item.uid in settled:
-                self.report.warn(f"FETCH returned UID {item.uid} twice (first one kept)")
+                # Two messages under one UID: the server mislabelled one
+                # (e.g. UID 5's answer said UID 7, then UID 7 came). The
+                # second was dropped, and with it the real message 7 (a
+                # review). Both are archived by content, without a location
+                # (nothing new if the archive has one already), and the UID
+                # is a failure, asked for again. One already stored under the
+                # UID stays there.
+                said = f"FETCH returned UID {item.uid} twice with different messages: " \
+                       "archived without a location, the UID is retried"
+                first = arrived.pop(item.uid, None)
+                if first is not None:
+                    waiting_bytes -= len(first.body or b"")
+                    doubled.add(item.uid)
+                    await self._unplaced(first, said)
+                await self._unplaced(item, said)
+                await settle_ready()
             else:
                 arrived[item.uid] = item
                 waiting_bytes += len(item.body or b"")
@@ -494,7 +519,9 @@ class _Run:
                                         limit=self.limits.fetch_timeout)
             for uid in uids[next_index:]:
                 got = arrived.pop(uid, None)
-                if got is None:
+                if uid in doubled:
+                    await self._failed(uid, _DOUBLED, retry=retry, arrived=True)
+                elif got is None:
                     await self._failed(uid, refused or _problem(None) or "", retry=retry)
                 else:
                     await self._store(uid, got, retry=retry)
@@ -593,17 +620,26 @@ class _Run:
         self.report.warn("FETCH returned a message with UID 0 or no UID: UIDs of this "
                          "mailbox are not trusted; its content is archived without a location "
                          "and the UID asked for is retried")
-        if item.body:
-            await self._settle()
-            try:
-                await self.store.import_message(self.config.tenant_slug, self.config.name,
-                                                self.uidvalidity, None, "unstable", item.body,
-                                                mailbox_id=self.config.id)
-            except DatabaseRejected as exc:
-                self.report.warn(f"a message without a UID could not be archived: "
-                                 f"{refusal(exc)}")
-                return
+        await self._unplaced(item, None)
+
+    async def _unplaced(self, item: FetchedItem, warning: str | None) -> None:
+        """Archive ``item``'s body by content, without a location; ``warning``
+        is said if that archived something new."""
+        if not item.body:
+            return
+        await self._settle()
+        try:
+            archived = await self.store.import_message(
+                self.config.tenant_slug, self.config.name, self.uidvalidity, None, "unstable",
+                item.body, mailbox_id=self.config.id)
+        except DatabaseRejected as exc:
+            self.report.warn(f"a message without a trusted UID could not be archived: "
+                             f"{refusal(exc)}")
+            return
+        if warning is None or archived.created:
             self.report.untrusted += 1
+            if warning is not None:
+                self.report.warn(warning)
 
     async def _failed(self, uid: int, problem: str, *, retry: bool,
                       arrived: bool = False) -> None:

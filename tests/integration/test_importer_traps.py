@@ -120,6 +120,29 @@ async def test_a_searched_uid_beyond_uidnext_that_never_arrives_keeps_later_mail
     assert rows[phantom]["attempts"] >= 2  # asked for on each run, visibly
 
 
+async def test_two_messages_under_one_uid_are_both_archived(db: Database) -> None:
+    """The server labels message 5's answer UID 7, then sends the real UID 7
+    too. The second answer for UID 7 was dropped ("first one kept"), and
+    with it message 7, for good: its UID was settled, and asked for again
+    the server mislabels again (a review). Now the second message under one
+    UID is archived by content; the same answer twice archives nothing."""
+    async with open_scripted_imap(messages([5, 7]),
+                                  faults=Faults(report_uid={5: 7})) as server:
+        await sync(db, server)
+        assert len(await archived_hashes(db)) == 2, "a message given under another's UID was lost"
+        assert await locations(db) == []  # neither answer is surely message 7
+        rows = {f["uid"]: f for f in await StateStore(db).failures(TENANT, NAME)}
+        assert list(rows) == [5, 7]
+        assert "two different messages" in rows[7]["last_error"]
+        assert (await state(db)).last_synced_uid == 7  # later mail goes on
+        # The server labels its answers right again: both get their places.
+        server.faults.report_uid = {}
+        await sync(db, server)
+    assert await locations(db) == [(1, 5), (1, 7)]
+    assert len(await archived_hashes(db)) == 2
+    assert await StateStore(db).failures(TENANT, NAME) == []
+
+
 async def test_sparse_uids_are_enumerated_not_walked(db: Database) -> None:
     uids = [7, 743_024_218, 743_031_307, 4_000_000_000]
     async with open_scripted_imap(messages(uids)) as server:
