@@ -284,7 +284,7 @@ class ImapSession:
 
     async def uid_fetch_each(self, uid_set: str, items: str,
                              on_response: Callable[[list[ReplyPart]], Awaitable[None]], *,
-                             limit: float | None = None) -> None:
+                             limit: float | None = None, hold: int | None = None) -> None:
         """``UID FETCH``, handing each FETCH response (its parts, as
         :meth:`uid_fetch` would return them) to ``on_response`` as soon as it
         is complete, while the rest of the reply still arrives; responses in
@@ -293,22 +293,38 @@ class ImapSession:
         handed over when ImapUnavailable is raised. If ``on_response``
         raises, the command is abandoned (the session is then broken) and
         the error propagates. Memory: one response at a time is kept by the
-        framing, plus what ``on_response`` has not consumed yet."""
+        framing, plus what ``on_response`` has not consumed yet: at most
+        ``hold`` bytes in two responses or more (one alone is always
+        handed over). Past it the session is refused (ImapUnavailable): a
+        server that understated its sizes filled memory as fast as the
+        network allowed while each message waited for Postgres (a review)."""
         # Parts are grouped into responses where they arrive (on the asyncio
         # side, in the framing's callback), so the consumer wakes once per
         # response, not once per line and literal.
         send, receive = trio.open_memory_channel[list[ReplyPart]](math.inf)
         failed: list[ImapError] = []
         group: list[ReplyPart] = []
+        #: complete responses waiting in the channel, and their bytes
+        waiting = waiting_bytes = 0
+
+        def put(response: list[ReplyPart]) -> None:
+            nonlocal waiting, waiting_bytes
+            send.send_nowait(response)
+            waiting += 1
+            waiting_bytes += _size(response)
+            if hold is not None and waiting > 1 and waiting_bytes > hold:
+                self._protocol._refuse(
+                    f"{waiting_bytes} bytes in {waiting} messages arrived faster than they "
+                    f"could be stored, more than {hold}: the server's RFC822.SIZEs were wrong")
 
         def add(part: ReplyPart) -> None:
             nonlocal group
             if isinstance(part, bytes) and _FETCH_LINE.match(part) and group:
-                send.send_nowait(group)  # a response without a closing line
+                put(group)  # a response without a closing line
                 group = []
             group.append(part)
             if _complete(group):
-                send.send_nowait(group)
+                put(group)
                 group = []
 
         async def command() -> None:
@@ -317,7 +333,7 @@ class ImapSession:
                 await self._ok(f"UID FETCH {_short(uid_set)} {items}", self._fetch, uid_set,
                                items, True, add, limit=limit)
                 if group:  # the reply ended inside a response: what there is
-                    send.send_nowait(group)
+                    put(group)
             except ImapError as exc:
                 failed.append(exc)
             finally:
@@ -329,6 +345,8 @@ class ImapSession:
             nursery.start_soon(command)
             try:
                 async for response in receive:
+                    waiting -= 1
+                    waiting_bytes -= _size(response)
                     await on_response(response)
             except Exception as exc:
                 # Raised below, as itself: not wrapped in the nursery's
@@ -855,6 +873,11 @@ def _complete(group: list[ReplyPart]) -> bool:
         return False
     text = b"".join(p for p in group if isinstance(p, bytes))
     return text.count(b"(") <= text.count(b")")
+
+
+def _size(response: list[ReplyPart]) -> int:
+    """Bytes a response holds (its lines and literals)."""
+    return sum(len(p) for p in response if isinstance(p, (bytes, bytearray)))
 
 
 def _short(message_set: str) -> str:

@@ -383,8 +383,11 @@ class _Run:
                 await on_item(item)
 
         try:
+            # Bodies waiting for Postgres: a batch holds batch_bytes by the
+            # probe's sizes; twice that leaves room for a server that counts
+            # bare LFs, none for one that understates.
             await self._imap(self.session.uid_fetch_each, uid_set(uids), items, on_response,
-                             limit=limit)
+                             limit=limit, hold=2 * self.limits.batch_bytes)
         except ImapThrottled:
             raise
         except (ImapUnavailable, ImapProtocolError) as exc:

@@ -594,6 +594,66 @@ async def test_an_error_while_consuming_a_streamed_fetch_comes_out_as_itself(
             await session.aclose()
 
 
+async def test_a_streamed_fetch_holds_at_most_its_bound_for_a_slow_consumer(
+        db: Database) -> None:
+    """Bodies complete faster than Postgres stores them: every complete
+    response waited in memory, so a server that understated its sizes (a
+    batch of 50 "1-byte" messages of 128 MiB) could fill memory and take the
+    process down (a review). Past ``hold`` bytes in two responses or more
+    the session is refused; what arrived is handed over first."""
+    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
+
+    big = [ScriptedMessage(u, message(u) + b"x" * (1 << 20)) for u in range(1, 21)]
+    async with open_scripted_imap(big) as server:
+        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
+                                                      timeout=10), "user", "secret")
+        try:
+            await session.examine('"INBOX"')
+            handed: list[int] = []
+
+            async def on_response(parts: list[bytes | bytearray]) -> None:
+                handed.append(sum(len(p) for p in parts))
+                await trio.sleep(0.2)  # Postgres, slowly
+
+            with trio.fail_after(30), \
+                    pytest.raises(ImapUnavailable, match="faster than they could be stored"):
+                await session.uid_fetch_each("1:20", "(UID BODY.PEEK[])", on_response,
+                                             hold=4 << 20)
+            assert 2 <= len(handed) < 20
+            handed.clear()
+        finally:
+            await session.aclose()
+    # One response alone is always handed over, whatever the bound.
+    async with open_scripted_imap(big[:1]) as server:
+        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
+                                                      timeout=10), "user", "secret")
+        try:
+            await session.examine('"INBOX"')
+            with trio.fail_after(30):
+                await session.uid_fetch_each("1", "(UID BODY.PEEK[])", on_response, hold=1)
+            assert len(handed) == 1 and handed[0] > 1 << 20
+        finally:
+            await session.aclose()
+
+
+async def test_understated_sizes_still_import_everything(db: Database) -> None:
+    """Every size probe says 1 byte, so the batches are as long as they may
+    be; the bodies are 256 KiB and the bound is small. Each run keeps what
+    arrived, and the mailbox is imported in full, each message once."""
+    msgs = [ScriptedMessage(u, message(u) + b"y" * (256 << 10)) for u in range(1, 31)]
+    async with open_scripted_imap(msgs, faults=Faults(probe_size=1)) as server:
+        with trio.fail_after(120):
+            for _ in range(30):
+                try:
+                    await sync(db, server, batch_bytes=512 << 10)
+                except ImapUnavailable:
+                    pass  # refused past the bound (when Postgres is the slower)
+                if (await state(db)).last_synced_uid == 30:
+                    break
+    assert [u for _, u in await locations(db)] == list(range(1, 31))
+    assert len(await archived_hashes(db)) == 30
+
+
 # -- sizes a server states or sends are not trusted ----------------------------
 
 async def test_a_body_over_the_archives_limit_is_discarded_as_it_arrives(
