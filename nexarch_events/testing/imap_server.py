@@ -122,6 +122,9 @@ class Faults:
     flag_update_burst: int = 0
     # After this many FETCH responses of one UID FETCH: ``* BYE``, close.
     bye_after_fetch_responses: int | None = None
+    # Every UID FETCH: all its responses, then ``* BYE`` and close instead
+    # of the tagged OK (a session limit that strikes at the end of a reply).
+    bye_instead_of_fetch_ok: bool = False
     # Every UID FETCH reply starts with a tagged line of a tag never sent
     # (``Z999 OK ...``): a server that lost track of its own session.
     stray_tagged_reply: bool = False
@@ -717,6 +720,9 @@ class ScriptedImapServer:
         if unreadable:
             await connection.send(f"{tag} NO Some messages could not be FETCHed (Failure)")
             return
+        if self.faults.bye_instead_of_fetch_ok:
+            await connection.send("* BYE Session limit reached, closing.")
+            raise _Disconnect
         await connection.send(f"{tag} OK Fetch completed.")
 
     async def _report_exists(self, connection: _Connection) -> None:

@@ -534,6 +534,26 @@ async def test_a_server_that_cuts_every_fetch_reply_still_imports_everything(
     assert st.fetch_window is not None and st.fetch_window < 200
 
 
+async def test_a_server_that_ends_every_fetch_with_bye_still_imports_everything(
+        db: Database) -> None:
+    """``* BYE`` instead of the tagged OK of every UID FETCH: the window
+    shrinks to one message, and the size probe of that one message was cut
+    after its size every time, so its body was never asked for: no progress,
+    ever (a review). One message is fetched without a probe."""
+    async with open_scripted_imap(messages(list(range(1, 6))),
+                                  faults=Faults(bye_instead_of_fetch_ok=True)) as server:
+        with trio.fail_after(60):
+            for _ in range(15):
+                try:
+                    await sync(db, server)
+                except ImapUnavailable:
+                    pass
+                if (await state(db)).last_synced_uid == 5:
+                    break
+    assert [u for _, u in await locations(db)] == [1, 2, 3, 4, 5]
+    assert await StateStore(db).failures(TENANT, NAME) == []
+
+
 async def test_a_cut_counts_only_the_responses_asked_for(db: Database) -> None:
     """Unsolicited flag updates before the cut are not responses to the
     request: the window shrinks to what the server really delivered."""
