@@ -218,18 +218,27 @@ async def sync_once(store: StateStore, config: MailboxConfig, session: ImapSessi
                spare if limits.in_flight > 1 else None, status.uidnext)
     # The failures recorded before this run (not those it records).
     await run.load_failures()
-    while True:
-        seen = session.exists_seen
-        await run.import_above(report.last_synced_uid)
-        report.passes += 1
-        # EXISTS during the pass: mail arrived after our UID SEARCH. The
-        # server will not announce it again, so fetch it now.
-        if session.exists_seen == seen or report.passes >= limits.max_passes:
-            break
+
+    async def delta_passes() -> None:
+        while True:
+            seen = session.exists_seen
+            await run.import_above(report.last_synced_uid)
+            report.passes += 1
+            # EXISTS during the pass: mail arrived after our UID SEARCH. The
+            # server will not announce it again, so fetch it now.
+            if session.exists_seen == seen or report.passes >= limits.max_passes:
+                return
+
+    await delta_passes()
     # Recorded failures after new mail: a message the server cannot send
     # may end the session when it is asked for again, and must not keep
     # newer mail out.
+    seen = session.exists_seen
     await run.retry_failures()
+    if session.exists_seen != seen and report.passes < limits.max_passes:
+        # Mail announced during the retries (an IDLE runner would otherwise
+        # wait for the next refresh: a review).
+        await delta_passes()
     return report
 
 
@@ -726,8 +735,16 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
         last = min(exists, first + limits.probe_chunk - 1)
         probe = parse_fetch(await patiently(limits, report, session.fetch,
                                             f"{first}:{last}", _SIZES))
+        there = [i.seq for i in probe if first <= i.seq <= last]
+        if not there:
+            # EXISTS 4294967295 with three messages was 21 million probes in
+            # one run (a review). Expunged since EXAMINE, or never there.
+            report.warn(f"the server announced {exists} messages and has none from "
+                        f"message {first} on: the pass ends there")
+            return
         sizes = {i.seq: i.size or 0 for i in probe}
-        seqs = list(range(first, last + 1))
+        # Sequence numbers have no gaps: none past the last one probed.
+        seqs = list(range(first, max(there) + 1))
         for batch in _batches(seqs, sizes, limits):
             items = parse_fetch(await patiently(limits, report, session.fetch, uid_set(batch),
                                                 _BODIES, limit=limits.fetch_timeout))

@@ -188,6 +188,22 @@ async def test_uidvalidity_zero_is_unstable_content_hash_pass(db: Database) -> N
     assert "UIDVALIDITY 0" in (st.warning or "")
 
 
+async def test_an_unstable_pass_ends_where_the_messages_end(db: Database) -> None:
+    """UIDVALIDITY 0 and ``* 4294967295 EXISTS`` with three messages: the
+    pass probed sequence numbers 200 at a time up to the stated count, 21
+    million round trips in one run holding a session and a connection (a
+    review). It ends at the first chunk with no message."""
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(uidvalidity=0,
+                                                exists_override=4_294_967_295)) as server:
+        with trio.fail_after(30):
+            await sync(db, server)
+        fetches = [c for c in server.commands if c.startswith("FETCH")]
+    assert len(await archived_hashes(db)) == 3
+    assert len(fetches) <= 3, fetches  # a probe, the bodies, one empty probe
+    assert "has none from message 201 on" in ((await state(db)).warning or "")
+
+
 async def test_missing_uidvalidity_is_unstable_too(db: Database) -> None:
     async with open_scripted_imap(messages([1, 2]),
                                   faults=Faults(uidvalidity=None, uidnext=None)) as server:
@@ -449,6 +465,28 @@ async def test_mail_announced_during_a_sync_is_imported_by_the_same_run(
     assert delivered == [4]
     assert report.passes == 2  # type: ignore[attr-defined]
     assert (await state(db)).last_synced_uid == 4
+
+
+async def test_mail_announced_during_the_retries_is_imported_by_the_same_run(
+        db: Database) -> None:
+    """The run retries a recorded failure last; a message delivered then is
+    announced by ``* n EXISTS`` in that FETCH's reply, and was left for the
+    next refresh (up to 20 minutes for an IDLE runner: a review)."""
+    delivered: list[int] = []
+    async with open_scripted_imap(messages([1, 2, 3]),
+                                  faults=Faults(empty_fetch_uids={2})) as server:
+        await sync(db, server)
+        assert [f["uid"] for f in await StateStore(db).failures(TENANT, NAME)] == [2]
+
+        def deliver(line: str) -> None:
+            if line.startswith("UID FETCH 2 ") and not delivered:
+                delivered.append(server.add_message(message(4)))
+
+        server.faults.on_command = deliver
+        await sync(db, server)
+    assert delivered == [4]
+    assert (await state(db)).last_synced_uid == 4
+    assert [u for _, u in await locations(db)] == [1, 3, 4]
 
 
 async def test_no_false_alarms_and_honest_counters(db: Database) -> None:
