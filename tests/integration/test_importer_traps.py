@@ -5,12 +5,15 @@ test fails without the handling it names (see nexarch_events/importer/sync.py).
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 
 import pytest
 import trio
 
 from nexarch_events.aio import Database, imap
+from nexarch_events.aio.imap import ImapEndpoint, ImapSession
 from nexarch_events.errors import ImapUnavailable
 from nexarch_events.importer.mailboxes import MailboxConfig
 from nexarch_events.importer.state import StateStore
@@ -59,6 +62,19 @@ async def locations(db: Database) -> list[tuple[int, int]]:
 
 async def state(db: Database):  # type: ignore[no-untyped-def]
     return await StateStore(db).get(TENANT, NAME)
+
+
+@asynccontextmanager
+async def examined(server: ScriptedImapServer,
+                   reply_timeout: float = 10) -> AsyncIterator[ImapSession]:
+    """A session of the scripted server's user, its INBOX examined."""
+    session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
+                                                  timeout=reply_timeout), "user", "secret")
+    try:
+        await session.examine('"INBOX"')
+        yield session
+    finally:
+        await session.aclose()
 
 
 async def test_first_and_delta_import_in_uid_order(db: Database) -> None:
@@ -630,26 +646,20 @@ async def test_an_error_while_consuming_a_streamed_fetch_comes_out_as_itself(
     """A database error while storing a streamed message must reach the
     scheduler as that error (it sorts errors by type), not wrapped in an
     ExceptionGroup; the session is broken afterwards (its reply was abandoned)."""
-    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
     from nexarch_events.errors import DatabaseUnavailable
 
-    async with open_scripted_imap(messages([1, 2, 3])) as server:
-        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
-                                                      timeout=3), "user", "secret")
-        try:
-            await session.examine('"INBOX"')
-            seen: list[int] = []
+    async with open_scripted_imap(messages([1, 2, 3])) as server, \
+            examined(server, reply_timeout=3) as session:
+        seen: list[int] = []
 
-            async def on_response(parts: list[bytes | bytearray]) -> None:
-                seen.append(len(parts))
-                raise DatabaseUnavailable("the database went away")
+        async def on_response(parts: list[bytes | bytearray]) -> None:
+            seen.append(len(parts))
+            raise DatabaseUnavailable("the database went away")
 
-            with trio.fail_after(10), pytest.raises(DatabaseUnavailable):
-                await session.uid_fetch_each("1:3", "(UID BODY.PEEK[])", on_response)
-            assert seen == [3]  # the first response: line, literal, closing line
-            assert session.broken is not None
-        finally:
-            await session.aclose()
+        with trio.fail_after(10), pytest.raises(DatabaseUnavailable):
+            await session.uid_fetch_each("1:3", "(UID BODY.PEEK[])", on_response)
+        assert seen == [3]  # the first response: line, literal, closing line
+        assert session.broken is not None
 
 
 async def test_a_streamed_fetch_holds_at_most_its_bound_for_a_slow_consumer(
@@ -659,39 +669,25 @@ async def test_a_streamed_fetch_holds_at_most_its_bound_for_a_slow_consumer(
     batch of 50 "1-byte" messages of 128 MiB) could fill memory and take the
     process down (a review). Past ``hold`` bytes in two responses or more
     the session is refused; what arrived is handed over first."""
-    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
-
     big = [ScriptedMessage(u, message(u) + b"x" * (1 << 20)) for u in range(1, 21)]
-    async with open_scripted_imap(big) as server:
-        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
-                                                      timeout=10), "user", "secret")
-        try:
-            await session.examine('"INBOX"')
-            handed: list[int] = []
+    handed: list[int] = []
 
-            async def on_response(parts: list[bytes | bytearray]) -> None:
-                handed.append(sum(len(p) for p in parts))
-                await trio.sleep(0.2)  # Postgres, slowly
+    async def on_response(parts: list[bytes | bytearray]) -> None:
+        handed.append(sum(len(p) for p in parts))
+        await trio.sleep(0.2)  # Postgres, slowly
 
-            with trio.fail_after(30), \
-                    pytest.raises(ImapUnavailable, match="faster than they could be stored"):
-                await session.uid_fetch_each("1:20", "(UID BODY.PEEK[])", on_response,
-                                             hold=4 << 20)
-            assert 2 <= len(handed) < 20
-            handed.clear()
-        finally:
-            await session.aclose()
+    async with open_scripted_imap(big) as server, examined(server) as session:
+        with trio.fail_after(30), \
+                pytest.raises(ImapUnavailable, match="faster than they could be stored"):
+            await session.uid_fetch_each("1:20", "(UID BODY.PEEK[])", on_response,
+                                         hold=4 << 20)
+    assert 2 <= len(handed) < 20
+    handed.clear()
     # One response alone is always handed over, whatever the bound.
-    async with open_scripted_imap(big[:1]) as server:
-        session = await ImapSession.open(ImapEndpoint(server.host, server.port, "plain",
-                                                      timeout=10), "user", "secret")
-        try:
-            await session.examine('"INBOX"')
-            with trio.fail_after(30):
-                await session.uid_fetch_each("1", "(UID BODY.PEEK[])", on_response, hold=1)
-            assert len(handed) == 1 and handed[0] > 1 << 20
-        finally:
-            await session.aclose()
+    async with open_scripted_imap(big[:1]) as server, examined(server) as session:
+        with trio.fail_after(30):
+            await session.uid_fetch_each("1", "(UID BODY.PEEK[])", on_response, hold=1)
+    assert len(handed) == 1 and handed[0] > 1 << 20
 
 
 async def test_understated_sizes_still_import_everything(db: Database) -> None:
@@ -924,8 +920,6 @@ async def test_a_server_that_never_greets_leaves_no_socket_open(aio_loop: None) 
     was made and before the session held it: nobody closed the socket. A
     tarpit, or a server stuck after accept, leaked one per attempt until the
     process ran out of file descriptors (an audit: 36 → 70 fds in 9 min)."""
-    from nexarch_events.aio.imap import ImapEndpoint, ImapSession
-
     accepted = 0
     closed = 0
 

@@ -16,7 +16,7 @@ from nexarch_events.aio import Database
 from nexarch_events.errors import ConfigurationError, JobFailed
 from nexarch_events.models import ClaimedJob, Failure, JobId, JobStatus, JobType, NewJob
 from nexarch_events.queue.jobs import Queue
-from nexarch_events.queue.worker import WorkerPool, lease_watch_limit, per_job
+from nexarch_events.queue.worker import BatchHandler, WorkerPool, lease_watch_limit, per_job
 from nexarch_events.service import QueueService
 from nexarch_events.settings import QueueSettings, Settings
 
@@ -460,6 +460,18 @@ async def test_a_worker_cut_off_from_postgres_stops_its_handler_before_another_r
     assert status.attempts == 2
 
 
+def attempts_recorded() -> tuple[list[int], trio.Event, BatchHandler]:
+    """A handler recording each job's attempt, and an event set once it ran."""
+    runs: list[int] = []
+    ran = trio.Event()
+
+    async def handler(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
+        runs.extend(job.attempts for job in jobs)
+        ran.set()
+        return {}
+    return runs, ran, handler
+
+
 async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_at_once(
         db: Database, settings: Settings) -> None:
     """A claim committed, but its answer came after the command timeout: the
@@ -471,13 +483,7 @@ async def test_jobs_taken_by_a_claim_whose_answer_was_lost_are_handed_back_at_on
     from tests.support.tcp_proxy import TcpProxy
 
     settings = replace(settings.with_queue(workers=1, stale_after=30.0), command_timeout=1.0)
-    runs: list[int] = []
-    ran = trio.Event()
-
-    async def handler(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
-        runs.extend(job.attempts for job in jobs)
-        ran.set()
-        return {}
+    runs, ran, handler = attempts_recorded()
 
     proxy = TcpProxy.for_url(db.dsn)
     async with trio.open_nursery() as outer:
@@ -517,13 +523,7 @@ async def test_a_hand_back_waits_for_a_claim_still_running_on_the_server(
     from nexarch_events.aio import Connection
 
     settings = replace(settings.with_queue(workers=1, stale_after=30.0), command_timeout=3.0)
-    runs: list[int] = []
-    ran = trio.Event()
-
-    async def handler(jobs: Sequence[ClaimedJob]) -> dict[JobId, Failure]:
-        runs.extend(job.attempts for job in jobs)
-        ran.set()
-        return {}
+    runs, ran, handler = attempts_recorded()
 
     service = QueueService(db, settings, {"index": handler, "delete": handler})
     async with trio.open_nursery() as nursery:
