@@ -149,8 +149,8 @@ SELECT p.id FROM postponed p WHERE (SELECT count(*) FROM wake) >= 0;
 -- twice $1 beside fresh ones of its process (one the process does not know
 -- it holds: a claim's or an ack's answer was lost, and handing it back
 -- failed too) is taken back without waiting for them, not charged and not
--- isolated (it never ran). Held alone by a live, idle process, such a job is
--- judged like any other.
+-- isolated (its process lives on). Held alone by a live, idle process, such
+-- a job is judged like any other.
 WITH stale AS (
     SELECT j.id, j.locked_by
       FROM mail_index_jobs j
@@ -184,14 +184,15 @@ moved AS (
                          THEN 'failed' ELSE 'pending' END,
            finished_at = CASE WHEN c.batch = 1 AND j.attempts >= j.max_attempts THEN now() END,
            attempts = CASE WHEN c.batch = 1 THEN j.attempts ELSE GREATEST(j.attempts - 1, 0) END,
-           -- A job taken back from a live process (fresh) never ran there:
+           -- A job taken back from a live process (fresh) did not kill it:
            -- no suspect, so it runs as it would have (isolated, every other
            -- claim anywhere would wait for it).
            isolate = CASE WHEN c.fresh > 0 THEN j.isolate ELSE true END,
            last_error = CASE
                WHEN c.fresh > 0 THEN format(
-                   'taken back from worker %s, which held it without running it (no '
-                   'heartbeat for %s s while its process renewed others); attempt not counted',
+                   'taken back from worker %s, which held it unconfirmed (no heartbeat for '
+                   '%s s while its process renewed others: a claim whose answer was lost, or '
+                   'an outcome it gave up recording); attempt not counted',
                    j.locked_by, 2 * $1::float8)
                WHEN c.batch = 1 THEN format(
                    'suspected of killing its worker: worker %s died (no heartbeat for %s s) '

@@ -34,6 +34,12 @@ Nothing a server says is taken on trust:
   whose size count is simply wrong would otherwise never be archived). A
   substitute is never archived; after ``max_failure_attempts`` it waits for
   an operator (``mailbox failures --retry/--clear``).
+- A UID the server lists but sends nothing for, at or above the UIDNEXT it
+  stated: recorded as failed *without* passing over it (a phantom UID
+  4000000000 would otherwise lift the watermark above all later mail); a
+  recorded failure is then asked for only by the failure retries.
+- One UID answered with two different messages: both archived by content
+  without a location, the UID recorded as failed.
 - A message the server cannot serve at all (it ends the connection at it
   every time, or answers NO: Dovecot with a corrupt mail file, a recorded
   failure expunged since): a per-message failure too, never a mailbox that
@@ -314,6 +320,9 @@ class _Run:
         self.window = window
         self.spare = spare
         self.pending: dict[int, PendingFailure] = {}
+        #: UIDs with a recorded failure at this UIDVALIDITY (retried or given
+        #: up): never fetched by a delta pass, only by ``retry_failures``.
+        self.recorded: set[int] = set()
         #: New messages in flight (during a body batch of a delta pass).
         self.imports: InFlightImports | None = None
         #: The UID the next new message follows: the watermark once
@@ -329,6 +338,8 @@ class _Run:
             self.config.tenant_slug, self.config.name, self.uidvalidity,
             self.limits.max_failure_attempts)
         self.pending = {p.uid: p for p in pending}
+        self.recorded = {r["uid"] for r in await self.store.failures(
+            self.config.tenant_slug, self.config.name) if r["uidvalidity"] == self.uidvalidity}
 
     async def retry_failures(self) -> None:
         """Fetch the failures ``load_failures`` found again."""
@@ -343,7 +354,11 @@ class _Run:
         # "n:*" includes the highest UID even when it is below n (RFC 3501
         # §9, seq-range): that message is already imported. UID 0 and
         # out-of-range values are not UIDs.
-        uids = sorted({u for u in found if watermark < u <= MAX_UID})
+        # A recorded failure above the watermark was not passed over (see
+        # ``_failed``): ``retry_failures`` asks for it, once a run and up to
+        # the attempts limit; a delta pass fetching it too counted attempts
+        # without limit, and imported it twice when it came (a review).
+        uids = sorted({u for u in found if watermark < u <= MAX_UID and u not in self.recorded})
         if len(uids) != len(found) and any(u == 0 or u > MAX_UID for u in found):
             self.report.warn("UID SEARCH returned UID 0 or a value above 2^32-1 (ignored)")
         self.after = watermark
@@ -499,7 +514,7 @@ class _Run:
                                  "(ignored)")
             elif item.uid in arrived and item.body == arrived[item.uid].body:
                 self.report.warn(f"FETCH returned UID {item.uid} twice (the same message)")
-            elif item.uid in arrived or item.uid in settled:
+            elif item.uid in arrived or item.uid in settled or item.uid in doubled:
                 # Two messages under one UID: the server mislabelled one
                 # (e.g. UID 5's answer said UID 7, then UID 7 came). The
                 # second was dropped, and with it the real message 7 (a
@@ -673,6 +688,7 @@ class _Run:
                 "sent nothing for it: recorded as failed without passing over it (mail "
                 "below it still comes in)")
             retry = True
+            self.recorded.add(uid)
         await self._settle()
         await self._record(self.store, uid, problem, retry=retry)
         if not retry:
@@ -735,16 +751,10 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
         last = min(exists, first + limits.probe_chunk - 1)
         probe = parse_fetch(await patiently(limits, report, session.fetch,
                                             f"{first}:{last}", _SIZES))
-        there = [i.seq for i in probe if first <= i.seq <= last]
-        if not there:
-            # EXISTS 4294967295 with three messages was 21 million probes in
-            # one run (a review). Expunged since EXAMINE, or never there.
-            report.warn(f"the server announced {exists} messages and has none from "
-                        f"message {first} on: the pass ends there")
-            return
-        sizes = {i.seq: i.size or 0 for i in probe}
         # Sequence numbers have no gaps: none past the last one probed.
-        seqs = list(range(first, max(there) + 1))
+        end = max((i.seq for i in probe if first <= i.seq <= last), default=first - 1)
+        sizes = {i.seq: i.size or 0 for i in probe}
+        seqs = list(range(first, end + 1))
         for batch in _batches(seqs, sizes, limits):
             items = parse_fetch(await patiently(limits, report, session.fetch, uid_set(batch),
                                                 _BODIES, limit=limits.fetch_timeout))
@@ -778,6 +788,13 @@ async def _unstable_pass(store: StateStore, config: MailboxConfig, session: Imap
                 report.warn("the server sent no body for some messages (tried again on the "
                             "next pass)")
                 report.failed += len(batch) - len(answered)
+        if end < last:
+            # EXISTS 4294967295 with three messages was 21 million probes in
+            # one run (a review). Expunged since EXAMINE, never there, or not
+            # answered for: the next pass (every run is one) looks again.
+            report.warn(f"the server announced {exists} messages and answered for none "
+                        f"after message {end}: the pass ends there")
+            return
 
 
 def _batches(keys: Sequence[int], sizes: dict[int, int],

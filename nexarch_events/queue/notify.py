@@ -56,7 +56,27 @@ class Notification:
             value = json.loads(self.payload, parse_constant=_no_constant)
         except (ValueError, RecursionError):
             return {}
-        return cast(JSONObject, value) if isinstance(value, dict) else {}
+        if not isinstance(value, dict) or _deeper_than(value, MAX_PAYLOAD_DEPTH):
+            # Nested just under the limit, it parsed, and the event stream's
+            # json.dumps of it raised RecursionError (a review).
+            return {}
+        return cast(JSONObject, value)
+
+
+#: How deeply a payload may nest (ours: an object holding lists of ids).
+MAX_PAYLOAD_DEPTH: Final = 8
+
+
+def _deeper_than(value: object, limit: int) -> bool:
+    """Whether ``value`` nests lists and objects more than ``limit`` deep
+    (without recursion: it may be nested a thousand deep)."""
+    level: list[object] = [value]
+    for _ in range(limit):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
 
 
 def _no_constant(name: str) -> object:

@@ -230,10 +230,10 @@ async def test_a_job_its_live_process_does_not_know_it_holds_is_taken_back(
     assert [(r.id, r.status, r.alone) for r in reclaimed] == [(ids[0], JobStatus.PENDING, False)]
     rows = await job_rows(db, ids)
     assert rows[ids[1]]["status"] == "processing"
-    # It never ran there: no suspect, so not isolated (an isolated job ready
-    # holds up every other claim until it has run: a review).
+    # Its process lives on: no suspect, so not isolated (an isolated job
+    # ready holds up every other claim until it has run: a review).
     assert (rows[ids[0]]["attempts"], rows[ids[0]]["isolate"]) == (0, False)
-    assert "without running it" in rows[ids[0]]["last_error"]
+    assert "held it unconfirmed" in rows[ids[0]]["last_error"]
 
 
 async def test_a_hand_back_takes_its_jobs_whatever_their_age(db: Database) -> None:

@@ -42,3 +42,8 @@ def test_foreign_payloads_parse_to_empty() -> None:
     # json.loads raises RecursionError, which ended every event stream.
     for payload in ("[" * 7990, '{"v": ' + "[" * 7990, "{" * 7990):
         assert Notification("ch", payload, 0.0).json() == {}
+    # Nested just under it, it parsed, and passing it on (json.dumps) raised.
+    under = '{"v": 1, "x": ' + "[" * 990 + "]" * 990 + "}"
+    assert Notification("ch", under, 0.0).json() == {}
+    ours = '{"v": 1, "event": "failed", "ids": [1, 2], "extra": {"a": [{"b": [3]}]}}'
+    assert Notification("ch", ours, 0.0).json()["ids"] == [1, 2]
