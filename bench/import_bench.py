@@ -158,6 +158,25 @@ def with_db(dsn: str, name: str) -> str:
     return urlunsplit(urlsplit(dsn)._replace(path="/" + name))
 
 
+SOCKET_DIRS = ("/var/run/postgresql", "/tmp")
+
+
+def over_socket(url: str) -> str | None:
+    """``url`` over the same server's Unix socket, when ``url`` is TCP to
+    this host and the socket exists; else None."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.hostname not in ("127.0.0.1", "localhost", "::1") or parts.query:
+        return None
+    port = parts.port or 5432
+    for folder in SOCKET_DIRS:
+        if Path(folder, f".s.PGSQL.{port}").exists():
+            user = f"{parts.username}@" if parts.username else ""
+            return urlunsplit(parts._replace(netloc=user, query=f"host={folder}&port={port}"))
+    return None
+
+
 class CpuMeter:
     """CPU seconds of a process tree: every live process's own time plus what
     its reaped children used (children_user/system), so processes that end
@@ -580,6 +599,11 @@ async def part1(urls: dict[str, str], dovecot: Dovecot, folder: str, profile_fol
                                       password, meters, ImportLimits(in_flight=in_flight))
     result["in_flight"] = in_flight
     print(f"  sync: {result['sync']['msgs_per_s']} msg/s; one at a time ...", flush=True)
+    if "sync_socket" in urls:
+        result["sync_socket"] = await timed_sync(
+            urls["sync_socket"], config_for(dovecot, "socket", folder), password, meters,
+            ImportLimits(in_flight=in_flight))
+        print(f"  over the Unix socket: {result['sync_socket']['msgs_per_s']} msg/s", flush=True)
     result["sync_one"] = await timed_sync(urls["sync_one"], config_for(dovecot, "one", folder),
                                           password, meters, ImportLimits(in_flight=1))
     print(f"  one at a time: {result['sync_one']['msgs_per_s']} msg/s; IMAP only ...",
@@ -959,6 +983,13 @@ def print_report(meta: dict[str, Any], results: list[dict[str, Any]]) -> None:
             pr(f"    run_sync (plain IMAP, in_flight={r['in_flight']}, 1 commit/message): "
                f"{s['archived']:,} in {s['seconds']} s = {s['msgs_per_s']} msg/s, "
                f"{s['mb_per_s']} MB/s   {'PASS' if ok else 'MISS'} (>= {TARGET_RATE:.0f})")
+            sock = r.get("sync_socket")
+            if sock is not None:
+                ok_sock = sock["msgs_per_s"] >= TARGET_RATE and sock["archived"] == c["messages"]
+                pr(f"    the same over the server's Unix socket (same host, no TCP): "
+                   f"{sock['archived']:,} in {sock['seconds']} s = {sock['msgs_per_s']} msg/s "
+                   f"({sock['msgs_per_s'] / s['msgs_per_s']:.2f} x TCP)   "
+                   f"{'PASS' if ok_sock else 'MISS'} (>= {TARGET_RATE:.0f})")
             one = r["sync_one"]
             pr(f"    the same, one message at a time (in_flight=1, as before 0026): "
                f"{one['archived']:,} in {one['seconds']} s = {one['msgs_per_s']} msg/s; "
@@ -1057,6 +1088,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=None, help="messages of part 1")
     parser.add_argument("--in-flight", type=int, default=ImportLimits().in_flight,
                         help="ImportLimits.in_flight of part 1's timed sync")
+    parser.add_argument("--no-socket", dest="socket", action="store_false",
+                        help="part 1: no second sync over the server's Unix socket (run "
+                             "when the server is on this host and reached by TCP)")
     parser.add_argument("--arrivals", type=int, default=None, help="measured APPENDs of part 2")
     parser.add_argument("--interval", type=float, default=0.15,
                         help="part 2: seconds from one APPEND's start to the next")
@@ -1144,6 +1178,8 @@ def main() -> None:
             del corpus
             pr(f"appended {count:,} messages in {append_s:.1f} s; part 1 ...")
             urls = {"sync": fresh_db(), "sync_one": fresh_db(), "replay": fresh_db()}
+            if args.socket and over_socket(dsn) is not None:
+                urls["sync_socket"] = str(over_socket(fresh_db()))
             if profile_folder:
                 urls["profile"] = fresh_db()
             result = aio_run(part1, urls, dovecot, "Bench", profile_folder, args.floor_count,
