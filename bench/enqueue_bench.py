@@ -174,7 +174,8 @@ async def main(args: argparse.Namespace) -> None:
             await trio_asyncio.aio_as_trio(raw.close)()
             await trio_asyncio.aio_as_trio(ours_conn.close)()
     finally:
-        await trio_asyncio.aio_as_trio(admin.execute)(f"DROP DATABASE IF EXISTS {name}")
+        await trio_asyncio.aio_as_trio(admin.execute)(
+            f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
         await trio_asyncio.aio_as_trio(admin.close)()
 
 

@@ -142,7 +142,7 @@ def cli() -> None:
     try:
         aio_run(main, args, f"{base}/{name}")
     finally:
-        execute_sync(args.dsn, [f"DROP DATABASE IF EXISTS {name}"])
+        execute_sync(args.dsn, [f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"])
 
 
 if __name__ == "__main__":
