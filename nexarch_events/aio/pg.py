@@ -236,41 +236,55 @@ async def _drive(coro: Coroutine[Any, Any, T]) -> T:
     raise_cancel: Callable[[], Any] | None = None
     must_cancel = False
     error: BaseException | None = None
-    while True:
-        if must_cancel:
-            error, must_cancel = asyncio.CancelledError(), False
-        try:
-            yielded = coro.send(None) if error is None else coro.throw(error)
-        except StopIteration as stop:
-            result: T = stop.value
-            return result
-        except asyncio.CancelledError:
-            if raise_cancel is not None:
-                raise_cancel()
-            raise
-        error = None
-        if yielded is None:
-            # A bare yield (asyncio.sleep(0)): one pass of the loop.
-            yielded = asyncio.get_running_loop().create_future()
-            yielded.get_loop().call_soon(_set_none, yielded)
-        elif getattr(yielded, "_asyncio_future_blocking", None) is None:
-            error = RuntimeError(f"asyncio coroutine yielded {yielded!r}, not a future")
-            continue
-        fut: asyncio.Future[Any] = yielded
-        fut._asyncio_future_blocking = False
-        if fut.done():
-            continue
-        fut.add_done_callback(lambda _: trio.lowlevel.reschedule(task))
+    waited = False
+    try:
+        while True:
+            if must_cancel:
+                error, must_cancel = asyncio.CancelledError(), False
+            try:
+                yielded = coro.send(None) if error is None else coro.throw(error)
+            except StopIteration as stop:
+                result: T = stop.value
+                return result
+            except asyncio.CancelledError:
+                if raise_cancel is not None:
+                    raise_cancel()
+                raise
+            error = None
+            bare = yielded is None
+            if bare:
+                # A bare yield (asyncio.sleep(0)): one pass of the loop.
+                yielded = asyncio.get_running_loop().create_future()
+                yielded.get_loop().call_soon(_set_none, yielded)
+            elif getattr(yielded, "_asyncio_future_blocking", None) is None:
+                error = RuntimeError(f"asyncio coroutine yielded {yielded!r}, not a future")
+                continue
+            fut: asyncio.Future[Any] = yielded
+            fut._asyncio_future_blocking = False
+            if fut.done():
+                continue
+            fut.add_done_callback(lambda _: trio.lowlevel.reschedule(task))
 
-        def abort(raise_cancel_arg: Callable[[], Any],
-                  fut: asyncio.Future[Any] = fut) -> trio.lowlevel.Abort:
-            nonlocal raise_cancel, must_cancel
-            if raise_cancel is None:
-                raise_cancel = raise_cancel_arg
-                must_cancel = not fut.cancel()
-            return trio.lowlevel.Abort.FAILED  # woken by the future, whatever it became
+            def abort(raise_cancel_arg: Callable[[], Any], fut: asyncio.Future[Any] = fut,
+                      bare: bool = bare) -> trio.lowlevel.Abort:
+                nonlocal raise_cancel, must_cancel
+                if raise_cancel is None:
+                    raise_cancel = raise_cancel_arg
+                    # A bare yield awaits no future of the coroutine's: the
+                    # Task throws CancelledError at its next step (a review:
+                    # cancelling our own placeholder lost the cancel).
+                    must_cancel = True if bare else not fut.cancel()
+                return trio.lowlevel.Abort.FAILED  # woken by the future, whatever it became
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+            waited = True
+            await trio.lowlevel.wait_task_rescheduled(abort)
+    finally:
+        if not waited:
+            # Ended (asyncpg raised, e.g. an argument it cannot encode or a
+            # closed connection) before awaiting anything: still a schedule
+            # point, as the Task's hop always was (a review: a loop of such
+            # calls starved every other task).
+            await trio.lowlevel.cancel_shielded_checkpoint()
 
 
 class Executor:
@@ -503,23 +517,26 @@ class Database(Executor):
             for _, conn in idle:
                 conn.terminate()  # no-op for the ones that closed
 
-    async def _take(self, *, wait: bool = True) -> tuple[int, Any]:
+    async def _take(self, *, wait: bool = True,
+                    statement_follows: bool = False) -> tuple[int, Any]:
         """A slot and a connection in it. ``wait=False``: raises
-        trio.WouldBlock at once if every slot is taken."""
+        trio.WouldBlock at once if every slot is taken.
+        ``statement_follows``: a free slot is taken without a pass through
+        trio's scheduler (Semaphore.acquire always makes one: 0.07 ms of CPU
+        per call, bench/enqueue_bench.py), as the statement (``_drive``) is
+        the call's schedule point; a call in a cancelled scope takes nothing."""
         if self._closed:
             raise DatabaseUnavailable("the connection pool is closed")
         if not wait:
             self._slots.acquire_nowait()
-        else:
-            # A free slot is taken without a pass through trio's scheduler
-            # (Semaphore.acquire always makes one: 0.07 ms of CPU per call,
-            # bench/enqueue_bench.py); the statement that follows is the
-            # call's checkpoint. A call in a cancelled scope takes nothing.
+        elif statement_follows:
             await trio.lowlevel.checkpoint_if_cancelled()
             try:
                 self._slots.acquire_nowait()
             except trio.WouldBlock:
                 await self._slots.acquire()
+        else:
+            await self._slots.acquire()
         try:
             while self._idle:
                 generation, conn = self._idle.pop()
@@ -549,7 +566,7 @@ class Database(Executor):
             self._slots.release()
 
     async def _run(self, method: str, *args: object) -> Any:
-        generation, conn = await self._take()
+        generation, conn = await self._take(statement_follows=True)
         reusable = False
         try:
             result = await _statement(conn, method, *args)

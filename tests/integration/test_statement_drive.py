@@ -119,6 +119,29 @@ async def test_a_cancel_after_the_future_finished_is_thrown_at_the_next_step() -
         assert steps == []
 
 
+async def test_a_cancel_during_a_bare_yield_is_thrown_at_the_next_step() -> None:
+    # A bare yield (asyncio.sleep(0)) awaits no future of the coroutine's:
+    # cancelling the driver's own placeholder for it lost the cancel, and
+    # the coroutine ran on to its end in a cancelled scope (a review).
+    async with open_loop():
+        loop = asyncio.get_running_loop()
+        seen: list[str] = []
+
+        async def bare_yield(scope: trio.CancelScope) -> str:
+            loop.call_soon(scope.cancel)  # lands while the driver waits
+            await asyncio.sleep(0)
+            seen.append("after the bare yield")
+            await asyncio.sleep(3)
+            seen.append("slept")
+            return "value"
+
+        with trio.fail_after(2):
+            with trio.CancelScope() as scope:
+                await _drive(bare_yield(scope))
+        assert scope.cancelled_caught
+        assert seen == []
+
+
 async def test_asyncio_cancelled_error_without_a_trio_cancel_is_passed_on() -> None:
     async with open_loop():
         loop = asyncio.get_running_loop()
@@ -201,3 +224,35 @@ async def test_a_call_in_a_cancelled_scope_sends_nothing_and_keeps_its_connectio
             assert await conn.fetchval("SELECT 1") == 1
         finally:
             await conn.aclose()
+
+
+async def test_a_statement_that_fails_before_it_is_sent_still_lets_other_tasks_run(
+        aio_loop: None, database_url: str, db: Database) -> None:
+    # asyncpg refuses an argument it cannot encode (for a statement it has
+    # prepared already) without awaiting anything: such a call must still
+    # be a schedule point, or a loop of them starves every other task (a
+    # review: 0 runs of another task in 500 calls).
+    conn = await Connection.open(database_url)
+    try:
+        assert await conn.fetchval("SELECT $1::int", 1) == 1
+        for executor in (conn, db):
+            await executor.fetchval("SELECT $1::int", 1)
+            ticks = 0
+
+            async def other() -> None:
+                nonlocal ticks
+                while True:
+                    ticks += 1
+                    await trio.lowlevel.checkpoint()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(other)
+                await trio.lowlevel.checkpoint()
+                start = ticks
+                for _ in range(50):
+                    with pytest.raises(DatabaseError):
+                        await executor.fetchval("SELECT $1::int", "not a number")
+                assert ticks - start >= 25
+                nursery.cancel_scope.cancel()
+    finally:
+        await conn.aclose()
