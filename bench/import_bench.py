@@ -696,7 +696,7 @@ class Trace:
                 "IMAP " + attr.upper().replace("_", " ")
                 + (" bodies" if attr == "uid_fetch" and "BODY" in str(args[2]) else
                    " sizes" if attr == "uid_fetch" else "")))
-        for attr in ("try_run_lock", "begin", "pending_failures", "import_message", "finish",
+        for attr in ("try_run_lock", "begin", "recorded_failures", "import_message", "finish",
                      "run_unlock"):
             self._wrap(StateStore, attr, lambda args, attr=attr: "pg " + attr)
         ImapSession.idle = idle  # type: ignore[method-assign, assignment]

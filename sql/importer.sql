@@ -63,12 +63,11 @@ SELECT * FROM mail_import_message($1, $2, $3::bigint, $4::bigint, $5, $6, $7::in
 SELECT mail_import_failure($1, $2, $3::bigint, $4::bigint, $5, $6::boolean,
                            $7::bigint) AS attempts;
 
--- name: pending_failures
--- Recorded failures to retry at this UIDVALIDITY. $3 UIDVALIDITY, $4 max attempts.
+-- name: recorded_failures
+-- Recorded failures at this UIDVALIDITY ($3), retried or given up.
 SELECT uid, attempts, last_error
   FROM mail_import_failures
  WHERE tenant_slug = $1 AND mailbox_name = $2 AND uidvalidity = $3::bigint
-   AND attempts < $4::int
  ORDER BY uid;
 
 -- name: failures

@@ -166,15 +166,21 @@ def translate(exc: BaseException) -> DatabaseError | None:
     return None
 
 
-async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+async def _translated(call: Awaitable[T]) -> T:
+    """``call``'s result; asyncpg's and the socket's errors as ours."""
     try:
-        result: T = await trio_asyncio.aio_as_trio(fn)(*args, **kwargs)
-        return result
+        return await call
     except Exception as exc:
         ours = translate(exc)
         if ours is None:
             raise
         raise ours from exc
+
+
+async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+    """``fn`` as an asyncio Task (``aio_as_trio``)."""
+    result: T = await _translated(trio_asyncio.aio_as_trio(fn)(*args, **kwargs))
+    return result
 
 
 async def _statement(target: asyncpg.Connection, method: str, *args: object) -> Any:
@@ -187,13 +193,7 @@ async def _statement(target: asyncpg.Connection, method: str, *args: object) -> 
     fn = getattr(target, method)
     if _cancel_pending(target):
         return await _hop(fn, *args)
-    try:
-        return await _drive(fn(*args))
-    except Exception as exc:
-        ours = translate(exc)
-        if ours is None:
-            raise
-        raise ours from exc
+    return await _translated(_drive(fn(*args)))
 
 
 def _cancel_pending(target: asyncpg.Connection) -> bool:

@@ -197,10 +197,11 @@ class StateStore:
                                                    _stored(error), retry, mailbox_id)
         return attempts
 
-    async def pending_failures(self, tenant_slug: str, mailbox_name: str, uidvalidity: int,
-                               max_attempts: int) -> list[PendingFailure]:
-        rows = await self.db.fetch(_SQL["pending_failures"], tenant_slug, mailbox_name,
-                                   uidvalidity, max_attempts)
+    async def recorded_failures(self, tenant_slug: str, mailbox_name: str,
+                                uidvalidity: int) -> list[PendingFailure]:
+        """The failures recorded at ``uidvalidity``, retried or given up, by UID."""
+        rows = await self.db.fetch(_SQL["recorded_failures"], tenant_slug, mailbox_name,
+                                   uidvalidity)
         return [PendingFailure(r["uid"], r["attempts"], r["last_error"]) for r in rows]
 
     async def failures(self, tenant_slug: str, mailbox_name: str) -> Sequence[Row]:

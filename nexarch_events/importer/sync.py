@@ -334,12 +334,11 @@ class _Run:
         return await patiently(self.limits, self.report, fn, *args, **kwargs)
 
     async def load_failures(self) -> None:
-        pending = await self.store.pending_failures(
-            self.config.tenant_slug, self.config.name, self.uidvalidity,
-            self.limits.max_failure_attempts)
-        self.pending = {p.uid: p for p in pending}
-        self.recorded = {r["uid"] for r in await self.store.failures(
-            self.config.tenant_slug, self.config.name) if r["uidvalidity"] == self.uidvalidity}
+        recorded = await self.store.recorded_failures(
+            self.config.tenant_slug, self.config.name, self.uidvalidity)
+        self.pending = {p.uid: p for p in recorded
+                        if p.attempts < self.limits.max_failure_attempts}
+        self.recorded = {p.uid for p in recorded}
 
     async def retry_failures(self) -> None:
         """Fetch the failures ``load_failures`` found again."""
