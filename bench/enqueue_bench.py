@@ -12,7 +12,7 @@ noisy neighbour, or the variant before, hurts all of them alike:
   raw insert       asyncpg ``INSERT ... RETURNING id`` (autocommit: INSERT + COMMIT)
                    into a minimal job table, timed inside asyncio
   raw insert+nfy   the same with ``pg_notify`` in the statement (what wakes a worker)
-  ours sql         our ``enqueue`` statement (sql/queue.sql, with the table's
+  ours sql         our ``enqueue_one`` statement (sql/queue.sql, with the table's
                    triggers) over raw asyncpg, timed inside asyncio: the server side
   ours api         ``Queue.enqueue_index`` from trio (validation, the trio->asyncio
                    hop, the pool): what a library user calls
@@ -124,7 +124,8 @@ async def main(args: argparse.Namespace) -> None:
                 "SELECT pg_backend_pid()")
             api_pid = await db.fetchval("SELECT pg_backend_pid()")
             queue = Queue(db)
-            ours_sql = sqlfiles.queries("queue.sql")["enqueue"]
+            # The statement enqueue_index runs (one job: enqueue_one).
+            ours_sql = sqlfiles.queries("queue.sql")["enqueue_one"]
             variants = {n: Variant(n) for n in
                         ("raw insert", "raw insert+nfy", "ours sql", "ours api")}
             counter = iter(range(10**9))
@@ -142,7 +143,7 @@ async def main(args: argparse.Namespace) -> None:
                 variant.calls += count
 
             def sql_args() -> tuple[Any, ...]:
-                return (["index"], ["bench"], [f"sql-{next(counter)}"], ["{}"], [5], [0.0])
+                return ("index", "bench", f"sql-{next(counter)}", "{}", 5, 0.0)
 
             rounds: list[tuple[str, Callable[[int, Variant], Awaitable[None]]]] = [
                 ("raw insert", lambda n, v: trio_asyncio.aio_as_trio(asyncio_loop)(

@@ -15,6 +15,17 @@ SELECT t.job_type, t.tenant_slug, t.message_id, t.payload::jsonb, t.max_attempts
  ORDER BY t.ord
 RETURNING id;
 
+-- name: enqueue_one
+-- The same INSERT for one job, the producer's common case (issue 11: a job
+-- per archived message): plain values instead of six one-element arrays
+-- unnested, numbered and sorted. Same columns, defaults, trigger (checks and
+-- notification) and result.
+INSERT INTO mail_index_jobs
+       (job_type, tenant_slug, message_id, payload, max_attempts, available_at)
+VALUES ($1::text, $2::text, $3::text, $4::text::jsonb, $5::int,
+        now() + $6::float8 * interval '1 second')
+RETURNING id;
+
 -- name: claim
 -- $1 limit, $2 worker id. Claims up to $1 ready jobs in one statement; the
 -- statement and the reasons for each clause are in migrations 0004 to 0046;

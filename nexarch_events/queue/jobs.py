@@ -78,11 +78,17 @@ class Queue:
             if not isinstance(job, NewJob):
                 raise InvalidJobError(f"enqueue_many takes NewJob values, got {type(job).__name__}")
         try:
-            rows = await self.db.fetch(
-                _SQL["enqueue"],
-                [j.job_type.value for j in jobs], [j.tenant_slug for j in jobs],
-                [j.message_id for j in jobs], [j.payload_json for j in jobs],
-                [j.max_attempts for j in jobs], [float(j.delay_s) for j in jobs])
+            if len(jobs) == 1:
+                job = jobs[0]
+                rows = await self.db.fetch(
+                    _SQL["enqueue_one"], job.job_type.value, job.tenant_slug, job.message_id,
+                    job.payload_json, job.max_attempts, float(job.delay_s))
+            else:
+                rows = await self.db.fetch(
+                    _SQL["enqueue"],
+                    [j.job_type.value for j in jobs], [j.tenant_slug for j in jobs],
+                    [j.message_id for j in jobs], [j.payload_json for j in jobs],
+                    [j.max_attempts for j in jobs], [float(j.delay_s) for j in jobs])
         except DatabaseError as exc:
             if exc.sqlstate and exc.sqlstate.startswith("23"):
                 # The table's CHECKs mirror NewJob's validation; reaching one

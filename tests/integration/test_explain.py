@@ -1,7 +1,9 @@
 """The claim must stay an ordered index scan that stops at its limit, with a
 long finished history and with a fresh backlog the planner has no statistics
 for. The statement checked is the one deployed in the database: the body of
-mail_index_jobs_claim(), run under the function's own settings."""
+mail_index_jobs_claim(), run under the function's own settings, and the plan
+checked is the one it runs: the generic plan, planned once and cached
+(migration 0050), with the function's variables as parameters."""
 
 from __future__ import annotations
 
@@ -18,26 +20,58 @@ def plan_nodes(plan: dict[str, object]) -> list[dict[str, object]]:
     return nodes
 
 
+async def explain_cached(db: Database, query: str, types: str,
+                         args: str) -> list[dict[str, object]]:
+    """The plan ``query`` runs with in mail_index_jobs_claim(): prepared
+    (parameters ``types``), then executed with ``args`` under the function's
+    settings, which make the cached plan the generic one."""
+    config = await db.fetchval(
+        "SELECT proconfig FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
+    assert "plan_cache_mode=force_generic_plan" in (config or []), config
+    async with db.acquire() as conn, conn.transaction():
+        for setting in config:
+            name, value = setting.split("=", 1)
+            await conn.execute(f"SET LOCAL {name} = {value}")
+        await conn.execute(f"PREPARE claim_probe ({types}) AS {query}")
+        try:
+            raw = await conn.fetchval(
+                f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim_probe ({args})")
+            generic = await conn.fetchval(
+                "SELECT generic_plans FROM pg_prepared_statements WHERE name = 'claim_probe'")
+        finally:
+            await conn.execute("DEALLOCATE claim_probe")
+    assert generic == 1, generic
+    return plan_nodes(json.loads(raw)[0]["Plan"])
+
+
+def as_parameters(query: str) -> str:
+    """The claim's variables as parameters $1 batch, $2 process, $3 worker,
+    $4 picked, as plpgsql passes them to a statement's plan."""
+    query = re.sub(r"\bbatch\b", "$1", query)
+    query = re.sub(r"= process\b", "= $2", query)
+    query = re.sub(r"\bworker\b", "$3", query)
+    return query.replace("ANY (picked)", "ANY ($4)")
+
+
+CLAIM_TYPES = "integer, text, text, bigint[]"
+
+
+async def claim_body(db: Database) -> str:
+    body = await db.fetchval(
+        "SELECT prosrc FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
+    assert body is not None
+    return str(body)
+
+
 async def explain_claim(db: Database, limit: int, *, step: int = -1) -> list[dict[str, object]]:
     """The plan of one candidate pick of the claim (migration 0045: the
     rows are picked, their keys locked, then claimed by id): the last (the
     batch) unless ``step`` says otherwise (0: the pick of an isolated job)."""
-    row = await db.fetchrow(
-        "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
-    assert row is not None
-    body = row["prosrc"]
     pick = "SELECT array_agg(c.id) INTO picked"
+    body = await claim_body(db)
     query = "SELECT array_agg(c.id)" + body.split(pick)[1:][step].split(";")[0]
-    query = re.sub(r"\bbatch\b", "$1", query)
-    query = re.sub(r"\bworker\b", "'explain'", query)
-    query = re.sub(r"= process\b", "= 'explain'", query)
-    async with db.acquire() as conn, conn.transaction():
-        for setting in row["proconfig"] or []:
-            name, value = setting.split("=", 1)
-            await conn.execute(f"SET LOCAL {name} = {value}")
-        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}",
-                                  *([limit] if "$1" in query else []))
-    return plan_nodes(json.loads(raw)[0]["Plan"])
+    return await explain_cached(db, as_parameters(query), CLAIM_TYPES,
+                                f"{limit}, 'explain', 'explain/1', NULL")
 
 
 def check_plan(nodes: list[dict[str, object]], limit: int) -> None:
@@ -121,20 +155,10 @@ async def test_the_claim_by_id_after_the_key_locks_reads_only_its_rows(db: Datab
     await db.execute("""
         INSERT INTO mail_index_jobs (job_type, tenant_slug, message_id)
         SELECT 'index', 'acme', 'm' || n FROM generate_series(1, 20000) AS n""")
-    row = await db.fetchrow(
-        "SELECT prosrc, proconfig FROM pg_proc WHERE proname = 'mail_index_jobs_claim'")
-    assert row is not None
-    query = row["prosrc"].split("RETURN QUERY")[1].split(";")[0]
-    query = query.replace("ANY (picked)", "ANY ($1::bigint[])")
-    query = re.sub(r"\bworker\b", "'explain'", query)
-    query = re.sub(r"= process\b", "= 'explain'", query)
-    async with db.acquire() as conn, conn.transaction():
-        for setting in row["proconfig"] or []:
-            name, value = setting.split("=", 1)
-            await conn.execute(f"SET LOCAL {name} = {value}")
-        raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}",
-                                  list(range(1, 101)))
-    nodes = plan_nodes(json.loads(raw)[0]["Plan"])
+    query = (await claim_body(db)).split("RETURN QUERY")[1].split(";")[0]
+    nodes = await explain_cached(db, as_parameters(query), CLAIM_TYPES,
+                                 "100, 'explain', 'explain/1', "
+                                 f"'{{{','.join(map(str, range(1, 101)))}}}'")
     types = [n["Node Type"] for n in nodes]
     assert "Seq Scan" not in types and "Bitmap Heap Scan" not in types, types
     scans = {n.get("Index Name") for n in nodes if "Index Name" in n}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 import trio
@@ -274,6 +275,33 @@ async def test_bulk_enqueue_is_all_or_nothing(queue: Queue, db: Database) -> Non
     with pytest.raises(InvalidJobError):
         await queue.enqueue_many([good, NewJob(JobType.INDEX, "Bad Slug", "m2", {})])
     assert await count_rows(db) == 0
+
+
+async def test_one_job_and_a_batch_store_the_same_rows(queue: Queue, db: Database) -> None:
+    """One job goes in by its own statement (sql/queue.sql enqueue_one), a
+    batch by the unnested one: the same columns either way, and the same
+    checks reached in the database."""
+    def job(message_id: str) -> NewJob:
+        return NewJob(JobType.DELETE, "acme", message_id, {"k": [1, "ü", None]},
+                      max_attempts=7, delay_s=30.5)
+
+    [one] = await queue.enqueue_many([job("one")])
+    batch = await queue.enqueue_many([job("batch"), job("other")])
+    columns = """job_type, tenant_slug, payload::text AS payload, status, attempts,
+                 max_attempts, isolate, outage_retries, lease, locked_by,
+                 round(extract(epoch FROM available_at - created_at)::numeric, 1) AS delay"""
+    rows = {r["id"]: dict(r) for r in await db.fetch(
+        f"SELECT id, {columns} FROM mail_index_jobs")}
+    assert rows[one] == {**rows[batch[0]], "id": one}
+    assert rows[one]["delay"] == Decimal("30.5") and rows[one]["status"] == "pending"
+    # A value only the database refuses (the table's CHECK, not NewJob):
+    # the same error by either statement, nothing written.
+    over = NewJob(JobType.INDEX, "acme", "over", {})
+    object.__setattr__(over, "max_attempts", 1001)
+    for jobs in ([over], [over, job("beside")]):
+        with pytest.raises(InvalidJobError, match="mail_index_jobs_attempts"):
+            await queue.enqueue_many(jobs)
+    assert await count_rows(db) == 3
 
 
 async def test_batch_claim_takes_up_to_the_limit_in_due_order(queue: Queue) -> None:
