@@ -6,7 +6,7 @@ package is changed) the steps of the wake path to record ``time.time()``:
 
   pg.notification   asyncpg parsed the NotificationResponse (asyncio side)
   deliver           Listener._deliver ran (asyncpg's call_soon'd callback)
-  wake              WakeUps.wake (the pump task turned it into a wake-up)
+  wake              WakeUps.wake (the listener's delivery turned it into a wake-up)
   woken             WakeUps.wait returned in the worker task
   claim.start       Queue.claim called (trio side)
   pool.acquire.*    asyncpg Pool._acquire (asyncio side)
@@ -172,7 +172,7 @@ STEPS = [
     ("commit -> pg.notification (asyncpg parsed it)", "commit", "pg.notification"),
     ("pg.notification -> deliver (call_soon'd callback)", "pg.notification", "deliver"),
     ("= commit -> deliver", "commit", "deliver"),
-    ("deliver -> wake (memory channel, pump task)", "deliver", "wake"),
+    ("deliver -> wake (in the delivery)", "deliver", "wake"),
     ("wake -> woken (worker task resumes)", "wake", "woken"),
     ("woken -> claim.start", "woken", "claim.start"),
     ("= deliver -> claim.start", "deliver", "claim.start"),

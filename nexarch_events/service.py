@@ -1,7 +1,7 @@
-"""The queue service: one nursery holds the listener, the wake-up pump, the
-workers, the sweeper and the job table's vacuum. ``serve`` is what
-``nexarch-events worker`` runs; embedders call it (or ``QueueService``) from
-their own trio code.
+"""The queue service: one nursery holds the listener (whose deliveries wake
+the workers directly), the workers, the sweeper and the job table's vacuum.
+``serve`` is what ``nexarch-events worker`` runs; embedders call it (or
+``QueueService``) from their own trio code.
 
 Shutdown: the first SIGTERM/SIGINT (or ``QueueService.shutdown``) stops
 claims and gives in-flight jobs ``shutdown_grace`` seconds; unfinished ones
@@ -29,9 +29,9 @@ from .queue.notify import (
     INDEX_JOBS_CHANNEL,
     JOB_EVENTS_CHANNEL,
     MAIL_IMPORTED_CHANNEL,
+    Event,
     Listener,
     Notification,
-    Subscription,
 )
 from .queue.sweeper import Sweeper
 from .queue.vacuum import VACUUM_TIMEOUT, TableVacuum
@@ -72,7 +72,7 @@ class QueueService:
             Connection.open, listen_dsn, connect_timeout=min(10.0, settings.command_timeout),
             command_timeout=VACUUM_TIMEOUT, statement_cache_size=0,
             application_name=f"nexarch-events/vacuum/{self.pool.name}"), settings.queue)
-        self._wake_sub = self.listener.subscribe(INDEX_JOBS_CHANNEL)
+        self.listener.on_event(INDEX_JOBS_CHANNEL, self._wake)
         self._cancel = trio.CancelScope()
         #: The HTTP API's port once it listens (serve() with a backend).
         self.api_port: int | None = None
@@ -86,7 +86,6 @@ class QueueService:
         with self._cancel:
             async with trio.open_nursery() as nursery:
                 await nursery.start(self.listener.run)
-                nursery.start_soon(self._pump, self._wake_sub)
                 await nursery.start(self.sweeper.run)
                 await nursery.start(self.vacuum.run)
                 # Returns once shutdown() has finished every worker; the
@@ -106,19 +105,19 @@ class QueueService:
             stop_now()
         self._cancel.cancel()
 
-    async def _pump(self, sub: Subscription) -> None:
-        """Turn index-channel notifications into targeted wake-ups."""
-        async for event in sub:
-            if not isinstance(event, Notification):  # RESYNC
-                self.pool.wakeups.wake_all()
-                self.sweeper.poke()
-                continue
-            data = event.json()
-            ready = data.get("ready")
-            if isinstance(ready, int) and ready > 0:
-                self.pool.wakeups.wake(ready)
-            if data.get("next_due") is not None:
-                self.sweeper.poke()
+    def _wake(self, event: Event) -> None:
+        """Turn an index-channel notification into targeted wake-ups, in the
+        listener's delivery (Listener.on_event)."""
+        if not isinstance(event, Notification):  # RESYNC
+            self.pool.wakeups.wake_all()
+            self.sweeper.poke()
+            return
+        data = event.json()
+        ready = data.get("ready")
+        if isinstance(ready, int) and ready > 0:
+            self.pool.wakeups.wake(ready)
+        if data.get("next_due") is not None:
+            self.sweeper.poke()
 
 
 #: Connections of the shared pool kept from mailbox syncs when

@@ -18,7 +18,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final, cast
 
@@ -92,6 +92,8 @@ class Resync:
 
 RESYNC: Final = Resync()
 Event = Notification | Resync
+#: Called in the delivery itself (``Listener.on_event``).
+EventHandler = Callable[[Event], None]
 
 
 class Subscription:
@@ -153,6 +155,11 @@ class Listener:
         self.settings = settings or QueueSettings()
         self.channels = tuple(channels)
         self._subscribers: dict[str, list[Subscription]] = {c: [] for c in self.channels}
+        self._handlers: dict[str, list[EventHandler]] = {c: [] for c in self.channels}
+        #: what a handler raised: a bug, which ends ``run``
+        self._handler_error: Exception | None = None
+        #: set when the current connection is lost, or a handler raised
+        self._lost: trio.Event | None = None
         self._connected = False
         self._connected_event = trio.Event()
         self._conn: ListenConnection | None = None
@@ -180,6 +187,31 @@ class Listener:
             sub._push(RESYNC)
         return sub
 
+    def on_event(self, channel: str, handler: EventHandler) -> None:
+        """Call ``handler`` with each notification on ``channel``, and with
+        RESYNC after each (re)connect, in the delivery itself: no buffer and
+        no task in between. For a consumer that only sets events (the
+        workers' wake-ups: a subscription's pump task cost each job a trio
+        scheduling round, 0.16 ms p50 of the wake path, issue 11). It runs on
+        the trio thread inside the LISTEN connection's callback, so it must
+        not block. An exception it raises is a bug: ``run`` raises it, as a
+        task's exception would end its nursery."""
+        if channel not in self._handlers:
+            raise ValueError(f"channel {channel!r} is not one of {self.channels}")
+        self._handlers[channel].append(handler)
+        if self._connected:
+            self._call(handler, RESYNC)
+
+    def _call(self, handler: EventHandler, event: Event) -> None:
+        if self._handler_error is not None:
+            return
+        try:
+            handler(event)
+        except Exception as exc:
+            self._handler_error = exc
+            if self._lost is not None:
+                self._lost.set()
+
     def unsubscribe(self, sub: Subscription) -> None:
         subs = self._subscribers.get(sub.channel, [])
         if sub in subs:
@@ -193,6 +225,8 @@ class Listener:
 
     def _deliver(self, channel: str, payload: str) -> None:
         note = Notification(channel, payload, time.time())
+        for handler in self._handlers.get(channel, ()):
+            self._call(handler, note)
         for sub in self._subscribers.get(channel, ()):
             sub._push(note)
 
@@ -212,7 +246,7 @@ class Listener:
             except (DatabaseTransient, trio.TooSlowError) as exc:
                 await trio.sleep(outage.failed(exc))
                 continue
-            lost = trio.Event()
+            lost = self._lost = trio.Event()
             conn.on_lost(lost.set)
             try:
                 if not await self._hears_itself(conn):
@@ -242,10 +276,15 @@ class Listener:
                 for subs in self._subscribers.values():
                     for sub in subs:
                         sub._push(RESYNC)
+                for handlers in self._handlers.values():
+                    for handler in handlers:
+                        self._call(handler, RESYNC)
                 if not started:
                     started = True
                     task_status.started()
                 await self._watch(conn, lost)
+                if self._handler_error is not None:
+                    raise self._handler_error
             except DatabaseError as exc:
                 # Whatever broke on this connection, the remedy is the same:
                 # a fresh connection, and a RESYNC for every subscriber.
@@ -304,6 +343,8 @@ class Listener:
         while True:
             with trio.move_on_after(s.listener_ping_interval):
                 await lost.wait()
+            if self._handler_error is not None:
+                return
             if lost.is_set() or conn.is_closed():
                 log.warning("listener connection closed by the server or the network")
                 return

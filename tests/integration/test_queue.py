@@ -25,8 +25,10 @@ from nexarch_events.queue.notify import (
     INDEX_JOBS_CHANNEL,
     JOB_EVENTS_CHANNEL,
     RESYNC,
+    Event,
     Listener,
     Notification,
+    Resync,
     Subscription,
 )
 from nexarch_events.settings import QueueSettings
@@ -649,6 +651,58 @@ async def test_a_listener_killed_as_soon_as_it_listens_backs_off(db: Database) -
             while not listener.connected:
                 await trio.sleep(0.02)
         nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_hears_each_notification_in_the_delivery_and_resync_on_reconnect(
+        queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
+    """Listener.on_event (the workers' wake-ups): the handler hears every
+    notification in order, and RESYNC after the first connect and after a
+    reconnect (notifications sent meanwhile are gone: drain)."""
+    listener = Listener(db.dsn, fast_settings)
+    heard: list[object] = []
+
+    def handler(event: Event) -> None:
+        heard.append(event if isinstance(event, Resync) else event.json()["first_id"])
+
+    listener.on_event(INDEX_JOBS_CHANNEL, handler)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(listener.run)
+        first = await queue.enqueue_index("acme", "m1", {})
+        second = await queue.enqueue_index("acme", "m2", {})
+        with trio.fail_after(10):
+            while len(heard) < 3:
+                await trio.sleep(0.01)
+        assert heard == [RESYNC, first, second]
+        await db.execute("SELECT pg_terminate_backend($1)", listener.backend_pid)
+        with trio.fail_after(10):
+            while listener.connections < 2 or not listener.connected:
+                await trio.sleep(0.01)
+        third = await queue.enqueue_index("acme", "m3", {})
+        with trio.fail_after(10):
+            while len(heard) < 5:
+                await trio.sleep(0.01)
+        assert heard[3:] == [RESYNC, third]
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_handler_that_raises_ends_the_listener_with_its_error(
+        queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
+    """An exception of a handler is a bug in our code: it must end the
+    listener's task (and with it the service, exit 70), not vanish inside
+    asyncpg's callback while the workers are never woken again."""
+    listener = Listener(db.dsn, fast_settings)
+
+    def handler(event: Event) -> None:
+        if event is not RESYNC:
+            raise ZeroDivisionError("a bug")
+
+    listener.on_event(INDEX_JOBS_CHANNEL, handler)
+    with pytest.raises(ExceptionGroup) as raised, trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(listener.run)
+            await queue.enqueue_index("acme", "m1", {})
+            await trio.sleep_forever()
+    assert raised.group_contains(ZeroDivisionError, match="a bug")
 
 
 async def test_enqueue_notifies_once_per_statement(queue: Queue, db: Database,
