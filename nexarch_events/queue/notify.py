@@ -283,8 +283,6 @@ class Listener:
                     started = True
                     task_status.started()
                 await self._watch(conn, lost)
-                if self._handler_error is not None:
-                    raise self._handler_error
             except DatabaseError as exc:
                 # Whatever broke on this connection, the remedy is the same:
                 # a fresh connection, and a RESYNC for every subscriber.
@@ -293,6 +291,10 @@ class Listener:
                 self._connected = False
                 self._conn = None
                 conn.abort()
+            if self._handler_error is not None:
+                # Outside the try: even a handler's DatabaseError is a bug of
+                # the handler, not a lost connection to reconnect for ever.
+                raise self._handler_error
             # The backoff starts over only after a connection that lasted: one
             # killed as soon as it listens (a watchdog, a failover loop) was
             # reconnected every reconnect_min, each with a RESYNC for every

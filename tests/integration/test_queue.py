@@ -12,7 +12,12 @@ import trio
 import trio.lowlevel
 
 from nexarch_events.aio import Connection, Database
-from nexarch_events.errors import InvalidJobError, JobNotFound, NoJobAvailable
+from nexarch_events.errors import (
+    DatabaseUnavailable,
+    InvalidJobError,
+    JobNotFound,
+    NoJobAvailable,
+)
 from nexarch_events.models import (
     MAX_PAYLOAD_BYTES,
     Failure,
@@ -685,16 +690,20 @@ async def test_a_handler_hears_each_notification_in_the_delivery_and_resync_on_r
         nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("error", [ZeroDivisionError, DatabaseUnavailable])
 async def test_a_handler_that_raises_ends_the_listener_with_its_error(
-        queue: Queue, db: Database, fast_settings: QueueSettings) -> None:
+        queue: Queue, db: Database, fast_settings: QueueSettings,
+        error: type[Exception]) -> None:
     """An exception of a handler is a bug in our code: it must end the
     listener's task (and with it the service, exit 70), not vanish inside
-    asyncpg's callback while the workers are never woken again."""
+    asyncpg's callback while the workers are never woken again. Even a
+    DatabaseError: taken for a lost connection, it would have had the
+    listener reconnect for ever with nobody woken."""
     listener = Listener(db.dsn, fast_settings)
 
     def handler(event: Event) -> None:
         if event is not RESYNC:
-            raise ZeroDivisionError("a bug")
+            raise error("a bug")
 
     listener.on_event(INDEX_JOBS_CHANNEL, handler)
     with pytest.raises(ExceptionGroup) as raised, trio.fail_after(10):
@@ -702,7 +711,8 @@ async def test_a_handler_that_raises_ends_the_listener_with_its_error(
             await nursery.start(listener.run)
             await queue.enqueue_index("acme", "m1", {})
             await trio.sleep_forever()
-    assert raised.group_contains(ZeroDivisionError, match="a bug")
+    assert raised.group_contains(error, match="a bug")
+    assert listener.connections == 1
 
 
 async def test_enqueue_notifies_once_per_statement(queue: Queue, db: Database,
