@@ -12,7 +12,9 @@ Workloads (all handlers are no-ops):
   wake     one producer process commits one job every 20 ms; latency from the
            producer's commit returning to the handler starting, in
            floor: a raw asyncio single-row SKIP LOCKED claim loop woken by
-                  LISTEN, and ours: one ``nexarch-events worker`` process
+                  LISTEN, ours: one ``nexarch-events worker`` process, and
+           stack: the floor's loop, statement for statement, on trio and
+                  ``nexarch_events.aio`` (the fixed stack's own price)
   drain    20,000 jobs committed in one transaction, then drained, jobs/s:
            floor: raw claim loop with 1 and 100 rows per claim, and ours:
            several processes x workers x batch-size configurations
@@ -220,6 +222,23 @@ def _write_producer(args: argparse.Namespace, records: list[tuple[int, float]],
     Path(args.out).write_text(json.dumps(data))
 
 
+def _raw_handle(rows: Sequence[Any], started: float, out: Any) -> None:
+    """The floor's handler: parse each payload (as ours does for each
+    claimed job) and log the handler's start time per job."""
+    for row in rows:
+        json.loads(row["payload"])
+    if out is not None:
+        out.write("".join(f"{row['id']} {started:.6f}\n" for row in rows))
+        out.flush()
+
+
+def _raw_done(rows: Sequence[Any]) -> tuple[Any, ...]:
+    """The floor's ack statement and its argument for ``rows``."""
+    if len(rows) == 1:
+        return RAW_DONE_1, rows[0]["id"]
+    return RAW_DONE_N, [row["id"] for row in rows]
+
+
 async def role_raw_consumer(args: argparse.Namespace) -> None:
     """The floor's worker: LISTEN on one connection; ``tasks`` claim loops, each
     on its own connection, claim up to ``batch`` rows per statement until the
@@ -260,15 +279,8 @@ async def role_raw_consumer(args: argparse.Namespace) -> None:
             started = time.time()  # "handler start"
             if trace is not None:
                 trace.append(("handler", started, [row["id"] for row in rows]))
-            for row in rows:
-                json.loads(row["payload"])  # as ours does for each claimed job
-            if out is not None:
-                out.write("".join(f"{row['id']} {started:.6f}\n" for row in rows))
-                out.flush()
-            if args.batch == 1:
-                await conn.execute(RAW_DONE_1, rows[0]["id"])
-            else:
-                await conn.execute(RAW_DONE_N, [row["id"] for row in rows])
+            _raw_handle(rows, started, out)
+            await conn.execute(*_raw_done(rows))
 
     tasks = [asyncio.create_task(work(c)) for c in conns]
     print("ready", flush=True)
@@ -284,6 +296,58 @@ async def role_raw_consumer(args: argparse.Namespace) -> None:
     if trace is not None:
         Path(args.trace, f"trace-{os.getpid()}.jsonl").write_text(
             "".join(json.dumps(list(e)) + "\n" for e in trace))
+
+
+def role_raw_consumer_trio(args: argparse.Namespace) -> None:
+    """The floor's worker again, statement for statement, on the package's
+    stack: trio, asyncpg through trio-asyncio, ``nexarch_events.aio``'s
+    ``Connection`` and ``ListenConnection``. What it costs beyond the raw
+    asyncio loop is the fixed stack's price, before any queue logic of ours
+    (bench/README.md, "The stack's own price")."""
+    import trio
+
+    from nexarch_events.aio import run
+    from nexarch_events.aio.pg import Connection, ListenConnection
+
+    claim = RAW_CLAIM_1 if args.batch == 1 else RAW_CLAIM_N
+    out = open(args.log, "a", encoding="ascii") if args.log else None
+
+    async def main() -> None:
+        listen = await ListenConnection.connect(args.dsn, connect_timeout=10)
+        conns = [await Connection.open(args.dsn) for _ in range(args.tasks)]
+        idle: list[trio.Event] = []
+
+        def wake_cb(_channel: str, _payload: str) -> None:
+            if idle:
+                idle.pop().set()
+
+        await listen.listen(RAW_CHANNEL, wake_cb)
+
+        async def work(conn: Connection) -> None:
+            while True:
+                rows = await (conn.fetch(claim) if args.batch == 1
+                              else conn.fetch(claim, args.batch))
+                if not rows:
+                    event = trio.Event()
+                    idle.append(event)
+                    await event.wait()
+                    continue
+                _raw_handle(rows, time.time(), out)  # "handler start"
+                await conn.execute(*_raw_done(rows))
+
+        async with trio.open_nursery() as nursery:
+            for conn in conns:
+                nursery.start_soon(work, conn)
+            print("ready", flush=True)
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    break
+            nursery.cancel_scope.cancel()
+        for conn in conns:
+            conn.abort()
+        listen.abort()
+
+    run(main)
 
 
 def role_ours_bulk(args: argparse.Namespace) -> None:
@@ -350,12 +414,15 @@ def run_role(argv: list[str]) -> None:
     parser.add_argument("--chunk", type=int, default=1000)
     parser.add_argument("--log")
     parser.add_argument("--trace")
+    parser.add_argument("--stack", choices=["asyncio", "trio"], default="asyncio")
     args = parser.parse_args(argv)
     if args.role == "producer":
         if args.mode == "api":
             role_producer_api(args)
         else:
             asyncio.run(role_producer(args))
+    elif args.role == "raw-consumer" and args.stack == "trio":
+        role_raw_consumer_trio(args)
     elif args.role == "raw-consumer":
         asyncio.run(role_raw_consumer(args))
     elif args.role == "ours-bulk":
@@ -554,8 +621,10 @@ class Bench:
 
     async def start_raw_consumer(self, url: str, *, batch: int, tasks: int = 1,
                                  log_path: Path | None = None,
-                                 trace_dir: Path | None = None) -> asyncio.subprocess.Process:
-        argv = self.role_argv("raw-consumer", "--dsn", url, "--batch", batch, "--tasks", tasks)
+                                 trace_dir: Path | None = None,
+                                 stack: str = "asyncio") -> asyncio.subprocess.Process:
+        argv = self.role_argv("raw-consumer", "--dsn", url, "--batch", batch, "--tasks", tasks,
+                              "--stack", stack)
         if log_path is not None:
             argv += ["--log", str(log_path)]
         if trace_dir is not None:
@@ -687,12 +756,17 @@ class Bench:
         a = self.args
         floor_ms: list[float] = []
         ours_ms: list[float] = []
+        stack_ms: list[float] = []
         floor_extra: dict[str, Any] = {}
         ours_extra: dict[str, Any] = {}
+        stack_extra: dict[str, Any] = {}
         for rnd in range(a.rounds):
             if "floor" in a.systems:
                 log(f"wake round {rnd + 1}/{a.rounds}: floor (raw single-row claim loop)")
                 floor_ms += await self._wake_one("floor", floor_extra)
+            if "stack" in a.systems:
+                log(f"wake round {rnd + 1}/{a.rounds}: stack (the same loop on trio-asyncio)")
+                stack_ms += await self._wake_one("stack", stack_extra)
             if "ours" in a.systems:
                 log(f"wake round {rnd + 1}/{a.rounds}: ours (1 worker process, "
                     f"{a.wake_config}, producer {a.producer})")
@@ -711,6 +785,10 @@ class Bench:
                     for step, n, p50, p99 in breakdown(runs)]
         if floor_ms:
             self.add(floor)
+        if stack_ms:
+            self.add(Result("wake_latency", "stack",
+                            "the floor's loop on trio + trio-asyncio (nexarch_events.aio)",
+                            latency_summary(stack_ms), extra=stack_extra))
         if ours_ms:
             self.add(ours)
         if not (floor_ms and ours_ms):
@@ -724,16 +802,20 @@ class Bench:
 
     async def _wake_one(self, system: str, extra: dict[str, Any]) -> list[float]:
         a = self.args
-        url = await self.new_database(f"wake_{system}", system=system)
+        # "stack": the floor's schema, producer and loop, on trio-asyncio.
+        schema = "floor" if system == "stack" else system
+        url = await self.new_database(f"wake_{system}", system=schema)
         log_dir = self.tmp / f"wake-{system}-{self._db_seq}"
         log_dir.mkdir()
         trace_dir = None
         if a.trace:
             trace_dir = self.tmp / f"trace-{system}-{self._db_seq}"
             trace_dir.mkdir()
-        if system == "floor":
-            procs = [await self.start_raw_consumer(url, batch=1, log_path=log_dir / "raw.log",
-                                                   trace_dir=trace_dir)]
+        if schema == "floor":
+            procs = [await self.start_raw_consumer(
+                url, batch=1, log_path=log_dir / "raw.log",
+                trace_dir=trace_dir if system == "floor" else None,
+                stack="trio" if system == "stack" else "asyncio")]
         else:
             handlers = "bench.wake_trace:TRACED" if a.trace else "bench.handlers:TIMED"
             procs = await self.start_workers(url, Config.parse(a.wake_config), handlers,
@@ -743,7 +825,7 @@ class Bench:
             cpu0 = await self.cpu_snapshot(url, procs)
             producer = await self.spawn(
                 self.role_argv("producer", "--dsn", with_app_name(url, "nxbench-producer"),
-                               "--system", system,
+                               "--system", schema,
                                "--mode", a.producer if system == "ours" else "sql",
                                "--count", a.wake_count, "--warmup", a.warmup,
                                "--interval", a.interval, "--out", out),
@@ -752,7 +834,7 @@ class Bench:
             await self._wait_proc(producer, timeout, "producer")
             data = json.loads(out.read_text())
             async with _connect(url) as conn:
-                await self.wait_finished(conn, system, timeout=30)
+                await self.wait_finished(conn, schema, timeout=30)
             cpu1 = await self.cpu_snapshot(url, procs)
         finally:
             await self.stop_consumers(procs)
@@ -1137,8 +1219,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--workload-timeout", type=float, default=1800)
     p.add_argument("--worker-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra environment for ours' worker processes (repeatable)")
-    p.add_argument("--systems", default="floor,ours",
-                   help="run only these systems' parts (diagnosis; targets need both)")
+    p.add_argument("--systems", default="floor,ours,stack",
+                   help="run only these systems' parts (diagnosis; targets need floor "
+                        "and ours). stack (wake only): the floor's loop on trio-asyncio")
     p.add_argument("--trace", action="store_true",
                    help="wake: timestamp each step of the wake path in the consumer "
                         "(bench/wake_trace.py) and print where the time goes")
