@@ -46,7 +46,7 @@ def is_outage(exc: DatabaseTransient) -> bool:
     """Whether a transient error says the database is out of reach or busy
     whatever the statement (a lost connection, a lock timeout, a deadlock, a
     full disk), rather than that this statement ran too long: a statement
-    timeout (57014) or asyncpg's command timeout (no SQLSTATE) may be the
+    timeout (57014) or the command timeout (no SQLSTATE) may be the
     statement's own doing, a huge document. See ``Failure.outage``."""
     if isinstance(exc, DatabaseTimedOut):
         return False
@@ -61,8 +61,9 @@ class DatabaseUnavailable(DatabaseTransient):
 
 
 class DatabaseTimedOut(DatabaseUnavailable):
-    """A statement outlived NEXARCH_COMMAND_TIMEOUT (asyncpg's timeout): a
-    half-open socket, or a statement that runs too long."""
+    """A statement outlived NEXARCH_COMMAND_TIMEOUT (kept on trio's clock,
+    aio/pg.py ``_bounded``): a half-open socket, or a statement that runs
+    too long. asyncpg asks the server to cancel the statement."""
 
 
 class DatabaseRejected(DatabaseError):

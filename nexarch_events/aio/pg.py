@@ -183,17 +183,61 @@ async def _hop(fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs)
     return result
 
 
+class _TimedConnection(asyncpg.Connection):
+    """asyncpg's connection, carrying its command timeout for trio's side.
+
+    asyncpg would arm an asyncio timer for every statement (its
+    ``command_timeout``). Under trio-asyncio that timer costs a pass of the
+    loop to arm, one of four per statement, and once cancelled it stays in
+    the loop's heap until its deadline passes (trio-asyncio never prunes
+    cancelled timers): at 1,000 statements a second and a 60 s timeout,
+    60,000 dead timers (bench/README.md, "The stack's own price"). So our
+    connections are opened without asyncpg's timeout, and ``_bounded``
+    applies this one with a trio deadline instead; when it expires the
+    statement's future is cancelled, and asyncpg asks the server to cancel
+    the statement, as its own timeout did."""
+
+    __slots__ = ("nx_command_timeout",)
+    nx_command_timeout: float | None
+
+
+def _timeout_of(target: asyncpg.Connection) -> float | None:
+    timeout: float | None = getattr(target, "nx_command_timeout", None)
+    return timeout
+
+
+async def _bounded(target: asyncpg.Connection, call: Awaitable[T]) -> T:
+    """``call`` (one asyncpg call on ``target``), raising DatabaseTimedOut
+    if it takes longer than ``target``'s command timeout."""
+    timeout = _timeout_of(target)
+    if timeout is None:
+        return await call
+    with trio.move_on_after(timeout):
+        return await call
+    raise DatabaseTimedOut(f"Postgres did not answer within the command timeout "
+                           f"({timeout:g} s, NEXARCH_COMMAND_TIMEOUT): a half-open "
+                           f"connection, or a statement that runs too long")
+
+
+async def _call(target: asyncpg.Connection, fn: Callable[P, Awaitable[T]],
+                *args: P.args, **kwargs: P.kwargs) -> T:
+    """``_hop`` of one of ``target``'s own calls (a transaction's BEGIN,
+    LISTEN), bounded by ``target``'s command timeout."""
+    return await _bounded(target, _hop(fn, *args, **kwargs))
+
+
 async def _statement(target: asyncpg.Connection, method: str, *args: object) -> Any:
     """One asyncpg statement method (fetch, fetchrow, fetchval, execute) of
     ``target``, driven from the calling trio task (``_drive``); errors
-    translated. While an earlier statement's cancel is still pending on the
-    connection (after a trio cancel or a command timeout), asyncpg first waits
-    for it under ``asyncio.timeout``, which only works inside an asyncio
-    Task: that one call goes through ``aio_as_trio``."""
+    translated; bounded by the connection's command timeout (``_bounded``).
+    While an earlier statement's cancel is still pending on the connection
+    (after a trio cancel or a command timeout), asyncpg first waits for it
+    under ``asyncio.timeout``, which only works inside an asyncio Task: that
+    one call goes through ``aio_as_trio``."""
     fn = getattr(target, method)
     if _cancel_pending(target):
-        return await _hop(fn, *args)
-    return await _translated(_drive(fn(*args)))
+        return await _bounded(target, _hop(fn, *args))
+    return await _bounded(target, _translated(_drive(fn(*args))))
 
 
 def _cancel_pending(target: asyncpg.Connection) -> bool:
@@ -359,14 +403,14 @@ class Connection(Executor):
         """A transaction: committed when the block ends, rolled back on error
         or cancellation (the rollback is shielded and bounded)."""
         tx = self._target.transaction()
-        await _hop(tx.start)
+        await _call(self._target, tx.start)
         try:
             yield self
         except BaseException:
             with trio.move_on_after(5, shield=True):
                 await _hop(tx.rollback)
             raise
-        await _hop(tx.commit)
+        await _call(self._target, tx.commit)
 
 
 def tls_default(dsn: str, environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -395,15 +439,20 @@ def tls_default(dsn: str, environ: Mapping[str, str] | None = None) -> dict[str,
     return {} if all(_on_this_machine(h) for h in hosts) else {"ssl": True}
 
 
-async def _open_conn(dsn: str, connect_timeout: float, **options: Any) -> asyncpg.Connection:
+async def _open_conn(dsn: str, connect_timeout: float, *, command_timeout: float | None,
+                     **options: Any) -> asyncpg.Connection:
     """A new connection within ``connect_timeout`` (asyncpg's own timeout;
     a second more on the trio side in case that one does not fire). Either
     way, no connection in time is DatabaseUnavailable, which every task
-    backs off from, never a TooSlowError that ends the service."""
+    backs off from, never a TooSlowError that ends the service. Its
+    statements are bounded by ``command_timeout`` on trio's side
+    (``_TimedConnection``), not by asyncpg's."""
     with trio.move_on_after(connect_timeout + 1):
         try:
-            conn: asyncpg.Connection = await _hop(_connect, dsn, timeout=connect_timeout,
-                                                  **options)
+            conn = await _hop(_connect, dsn, timeout=connect_timeout,
+                              connection_class=_TimedConnection, **options)
+            assert isinstance(conn, _TimedConnection)
+            conn.nx_command_timeout = command_timeout
         except DatabaseTimedOut as exc:
             # asyncpg's connect timeout is the same TimeoutError as a
             # statement's: this one is the server out of reach, an outage
@@ -673,7 +722,7 @@ class ListenConnection:
         def on_notification(_conn: object, _pid: int, chan: str, payload: object) -> None:
             callback(chan, str(payload))
 
-        await _hop(self._conn.add_listener, channel, on_notification)
+        await _call(self._conn, self._conn.add_listener, channel, on_notification)
 
     def on_lost(self, callback: Callable[[], None]) -> None:
         self._conn.add_termination_listener(lambda _conn: callback())

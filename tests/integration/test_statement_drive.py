@@ -203,6 +203,54 @@ async def test_server_errors_and_timeouts_are_translated_and_leave_the_connectio
         await conn.aclose()
 
 
+async def test_the_command_timeout_is_kept_on_trios_clock_and_arms_no_asyncio_timer(
+        aio_loop: None, database_url: str) -> None:
+    """asyncpg's own command timeout armed an asyncio timer per statement:
+    one more pass of trio-asyncio's loop each, and the cancelled timers
+    stayed in the loop's heap until their deadline (60 s of them by
+    default). The timeout is trio's now; it still ends a statement that
+    runs too long, on a pool as on a connection, and a BEGIN/COMMIT too."""
+    import trio_asyncio
+
+    loop = trio_asyncio.current_loop.get()
+    async with Database.open(database_url, max_size=1, command_timeout=60.0) as pool:
+        conn = await Connection.open(database_url, command_timeout=60.0)
+        try:
+            timers = len(loop._timers)  # trio-asyncio's heap: what grew before
+            for n in range(300):
+                assert await pool.fetchval("SELECT $1::int", n) == n
+                assert await conn.fetchval("SELECT $1::int", n) == n
+                async with conn.transaction():
+                    await conn.execute("SELECT 1")
+            # A few belong to asyncpg's statement cache (one per prepared
+            # statement); with asyncpg's timeout there were 1,500 more.
+            assert len(loop._timers) - timers < 20
+        finally:
+            await conn.aclose()
+    async with Database.open(database_url, max_size=1, command_timeout=0.3) as pool:
+        pid = await pool.fetchval("SELECT pg_backend_pid()")
+        with trio.fail_after(10), pytest.raises(DatabaseTimedOut) as raised:
+            await pool.execute("SELECT pg_sleep(5)")
+        assert "NEXARCH_COMMAND_TIMEOUT" in str(raised.value)
+        assert "0.3 s" in str(raised.value)
+        # Cancelled on the server, not left running behind the pool's back.
+        assert await pool.fetchval("SELECT 'next'") == "next"
+        conn = await Connection.open(database_url, command_timeout=10.0)
+        try:
+            with trio.fail_after(10):
+                while await conn.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 "
+                        "AND query LIKE 'SELECT pg_sleep%' AND state = 'active'", pid):
+                    await trio.sleep(0.05)
+        finally:
+            await conn.aclose()
+        # A statement inside a transaction is bounded too, and the block rolls back.
+        async with pool.acquire() as lent:
+            with trio.fail_after(10), pytest.raises(DatabaseTimedOut):
+                async with lent.transaction():
+                    await lent.execute("SELECT pg_sleep(5)")
+
+
 async def test_a_call_in_a_cancelled_scope_sends_nothing_and_keeps_its_connection(
         aio_loop: None, database_url: str, db: Database) -> None:
     await db.execute("CREATE TABLE drive_probe (n int)")
