@@ -6,7 +6,8 @@ call is exactly one asyncpg coroutine (the pool lives on the trio side), and a
 statement's coroutine is driven by the calling trio task itself (``_drive``),
 the rest (connect, close, transactions, LISTEN) run as asyncio tasks through
 ``aio_as_trio``. asyncpg's exceptions are translated here, once, into
-``nexarch_events.errors``.
+``nexarch_events.errors``. The command timeout is a trio deadline around each
+call (``_bounded``), not asyncpg's asyncio timer, as the IMAP side's are.
 
 Cancellation: cancelling a trio call cancels what asyncpg awaits, as
 cancelling an asyncio task would; the connection is then closed instead of
@@ -729,7 +730,7 @@ class ListenConnection:
 
     async def ping(self) -> None:
         """One round trip. The caller bounds it: a half-open socket never answers."""
-        await _hop(self._conn.fetchval, "SELECT 1")
+        await _call(self._conn, self._conn.fetchval, "SELECT 1")
 
     @property
     def backend_pid(self) -> int:
