@@ -190,7 +190,9 @@ async def role_producer(args: argparse.Namespace) -> None:
 
 
 def role_producer_api(args: argparse.Namespace) -> None:
-    """The same producer through the package's API (Queue.enqueue_index)."""
+    """The same producer through the package's API (Queue.enqueue_index);
+    for the floor's table (``--system floor``), the floor's own statement
+    through the package's ``Database`` (the "stack" consumer's producer)."""
     import trio
 
     from nexarch_events.aio import Database, run
@@ -204,7 +206,12 @@ def role_producer_api(args: argparse.Namespace) -> None:
             next_at = trio.current_time()
             started = time.time()
             for n in range(args.warmup + args.count):
-                job_id = await queue.enqueue_index("bench", f"msg-{n}", {})
+                if args.system == "floor":
+                    row = await db.fetchrow(RAW_ENQUEUE)
+                    assert row is not None
+                    job_id = row["id"]
+                else:
+                    job_id = await queue.enqueue_index("bench", f"msg-{n}", {})
                 records.append((int(job_id), time.time()))
                 if args.interval > 0:
                     next_at += args.interval
@@ -826,7 +833,7 @@ class Bench:
             producer = await self.spawn(
                 self.role_argv("producer", "--dsn", with_app_name(url, "nxbench-producer"),
                                "--system", schema,
-                               "--mode", a.producer if system == "ours" else "sql",
+                               "--mode", "sql" if system == "floor" else a.producer,
                                "--count", a.wake_count, "--warmup", a.warmup,
                                "--interval", a.interval, "--out", out),
                 name="producer")
@@ -957,6 +964,10 @@ class Bench:
         if "floor" in a.systems:
             log(f"mixed: floor (raw claim loop, 100 rows/claim), {a.mixed_count} jobs")
             self.add(await self._mixed_one("floor", None))
+        if "stack" in a.systems:
+            log(f"mixed: stack (the floor's loop on trio-asyncio), {a.mixed_count} jobs, "
+                f"producer {a.producer}")
+            self.add(await self._mixed_one("stack", None))
         for text in a.mixed_configs if "ours" in a.systems else ():
             config = Config.parse(text)
             log(f"mixed: ours {config}, {a.mixed_count} jobs, producer {a.producer}")
@@ -966,11 +977,14 @@ class Bench:
 
     async def _mixed_one(self, system: str, config: Config | None) -> Result:
         a = self.args
-        url = await self.new_database(f"mixed_{system}", system=system)
+        schema = "floor" if system == "stack" else system
+        url = await self.new_database(f"mixed_{system}", system=schema)
         log_dir = self.tmp / f"mixed-{system}-{self._db_seq}"
         log_dir.mkdir()
-        if system == "floor":
-            procs = [await self.start_raw_consumer(url, batch=100, log_path=log_dir / "raw.log")]
+        if schema == "floor":
+            procs = [await self.start_raw_consumer(
+                url, batch=100, log_path=log_dir / "raw.log",
+                stack="trio" if system == "stack" else "asyncio")]
         else:
             assert config is not None
             procs = await self.start_workers(url, config, "bench.handlers:TIMED", log_dir)
@@ -979,15 +993,15 @@ class Bench:
             cpu0 = await self.cpu_snapshot(url, procs)
             producer = await self.spawn(
                 self.role_argv("producer", "--dsn", with_app_name(url, "nxbench-producer"),
-                               "--system", system,
-                               "--mode", a.producer if system == "ours" else "sql",
+                               "--system", schema,
+                               "--mode", "sql" if system == "floor" else a.producer,
                                "--count", a.mixed_count, "--warmup", 0, "--interval", 0,
                                "--out", out),
                 name="producer")
             await self._wait_proc(producer, 300, "producer")
             data = json.loads(out.read_text())
             async with _connect(url) as conn:
-                await self.wait_finished(conn, system, timeout=120)
+                await self.wait_finished(conn, schema, timeout=120)
             cpu1 = await self.cpu_snapshot(url, procs)
         finally:
             await self.stop_consumers(procs)
@@ -995,7 +1009,7 @@ class Bench:
         extra: dict[str, Any] = {}
         _add_cpu(extra, cpu0, cpu1, len(jobs))
         lat, missing = _join(jobs, _read_handler_logs(log_dir))
-        acked = await self.finished_times(url, system, [i for i, _ in jobs])
+        acked = await self.finished_times(url, schema, [i for i, _ in jobs])
         ack_lat = [(acked[i] - t) * 1000 for i, t in jobs if i in acked]
         first_commit = min(t for _, t in jobs)
         last_ack = max(acked.values())
@@ -1004,8 +1018,9 @@ class Bench:
         metrics["producer_jobs_per_s"] = len(jobs) / (data["finished"] - data["started"])
         ack = latency_summary(ack_lat)
         metrics["ack_p50_ms"], metrics["ack_p99_ms"] = ack["p50_ms"], ack["p99_ms"]
-        label = "raw claim loop, 100 rows/claim" if system == "floor" else \
-            f"{config}, producer={a.producer}"
+        label = {"floor": "raw claim loop, 100 rows/claim",
+                 "stack": f"the floor's loop on trio-asyncio, producer={a.producer}"}.get(
+                     system, f"{config}, producer={a.producer}")
         extra["missing"] = missing
         return Result("mixed", system, label, metrics, extra=extra)
 
