@@ -1236,7 +1236,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="extra environment for ours' worker processes (repeatable)")
     p.add_argument("--systems", default="floor,ours,stack",
                    help="run only these systems' parts (diagnosis; targets need floor "
-                        "and ours). stack (wake only): the floor's loop on trio-asyncio")
+                        "and ours). stack (wake and mixed): the floor's loop on "
+                        "trio-asyncio")
     p.add_argument("--trace", action="store_true",
                    help="wake: timestamp each step of the wake path in the consumer "
                         "(bench/wake_trace.py) and print where the time goes")

@@ -236,9 +236,8 @@ async def _statement(target: asyncpg.Connection, method: str, *args: object) -> 
     under ``asyncio.timeout``, which only works inside an asyncio Task: that
     one call goes through ``aio_as_trio``."""
     fn = getattr(target, method)
-    if _cancel_pending(target):
-        return await _bounded(target, _hop(fn, *args))
-    return await _bounded(target, _translated(_drive(fn(*args))))
+    call = _hop(fn, *args) if _cancel_pending(target) else _translated(_drive(fn(*args)))
+    return await _bounded(target, call)
 
 
 def _cancel_pending(target: asyncpg.Connection) -> bool:
@@ -729,7 +728,8 @@ class ListenConnection:
         self._conn.add_termination_listener(lambda _conn: callback())
 
     async def ping(self) -> None:
-        """One round trip. The caller bounds it: a half-open socket never answers."""
+        """One round trip, bounded by the connection's command timeout. The
+        caller bounds it tighter: a half-open socket never answers."""
         await _call(self._conn, self._conn.fetchval, "SELECT 1")
 
     @property

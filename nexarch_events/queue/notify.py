@@ -224,11 +224,14 @@ class Listener:
             await self._connected_event.wait()
 
     def _deliver(self, channel: str, payload: str) -> None:
-        note = Notification(channel, payload, time.time())
+        self._fan_out(channel, Notification(channel, payload, time.time()))
+
+    def _fan_out(self, channel: str, event: Event) -> None:
+        """``event`` to every handler and subscriber of ``channel``."""
         for handler in self._handlers.get(channel, ()):
-            self._call(handler, note)
+            self._call(handler, event)
         for sub in self._subscribers.get(channel, ()):
-            sub._push(note)
+            sub._push(event)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen forever. Cancellation closes the connection and returns."""
@@ -273,12 +276,8 @@ class Listener:
                          conn.backend_pid, ",".join(self.channels))
                 # Everything committed from here on is notified; whatever came
                 # before (or while we were away) is found by draining.
-                for subs in self._subscribers.values():
-                    for sub in subs:
-                        sub._push(RESYNC)
-                for handlers in self._handlers.values():
-                    for handler in handlers:
-                        self._call(handler, RESYNC)
+                for channel in self.channels:
+                    self._fan_out(channel, RESYNC)
                 if not started:
                     started = True
                     task_status.started()
